@@ -1,0 +1,122 @@
+"""Build the example model zoo into examples/models/ (run once at set-up; nothing is fetched while serving).
+
+- mlp: x[N,512] -> MatMul 512x512 -> Relu -> MatMul 512x512 (the model of ../shared/PEERS.md)
+- cnn_small: x[N,3,32,32] -> two convolutions -> global average pool -> 10 logits
+- cnn_large: x[N,3,64,64] -> three wider convolutions -> global average pool -> 100 logits
+- ppocr_det: the PP-OCRv4 text detector shipped in the rapidocr-onnxruntime 1.4.4 wheel, read out
+  of the wheel (a zip) fetched with ``pip download --no-deps``; the package itself is never
+  installed, since it would replace onnxruntime-gpu's ``onnxruntime`` module with the CPU one.
+
+Weights are seeded random numbers: the zoo exists to be served and measured, not to be accurate.
+ONNX files are saved with IR version 9, the newest that onnxruntime 1.31 accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+HERE = Path(__file__).resolve().parent
+IR_VERSION = 9
+OPSET = 17
+OCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
+OCR_MEMBER = "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> None:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def mlp(rng: np.random.Generator, width: int = 512) -> onnx.GraphProto:
+    w1 = numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["a"]),
+        helper.make_node("MatMul", ["a", "w2"], ["y"]),
+    ]
+    return helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+        [w1, w2],
+    )
+
+
+def cnn(rng: np.random.Generator, name: str, size: int, channels: list[int], classes: int) -> onnx.GraphProto:
+    nodes, weights = [], []
+    previous, current = 3, "x"
+    for i, width in enumerate(channels):
+        w = numpy_helper.from_array(
+            (rng.standard_normal((width, previous, 3, 3)) * np.sqrt(2 / (previous * 9))).astype(np.float32), f"conv{i}_w"
+        )
+        b = numpy_helper.from_array(np.zeros(width, np.float32), f"conv{i}_b")
+        weights += [w, b]
+        stride = 1 if i == 0 else 2
+        nodes.append(
+            helper.make_node(
+                "Conv", [current, w.name, b.name], [f"c{i}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride]
+            )
+        )
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        previous, current = width, f"r{i}"
+    fc_w = numpy_helper.from_array((rng.standard_normal((previous, classes)) / np.sqrt(previous)).astype(np.float32), "fc_w")
+    fc_b = numpy_helper.from_array(np.zeros(classes, np.float32), "fc_b")
+    weights += [fc_w, fc_b]
+    nodes += [
+        helper.make_node("GlobalAveragePool", [current], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
+    ]
+    return helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
+        weights,
+    )
+
+
+def fetch_ocr_detector(target: Path, cache: Path) -> None:
+    """Take the PP-OCRv4 detector out of the rapidocr-onnxruntime wheel (not installing it)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+    if not wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(cache), OCR_WHEEL], check=True
+        )
+        wheels = sorted(cache.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        target.write_bytes(wheel.read(OCR_MEMBER))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "models")
+    parser.add_argument("--no-ocr", action="store_true", help="skip the PP-OCRv4 detector (no network needed)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(20201)
+    _save(mlp(rng), args.out / "mlp.onnx")
+    _save(cnn(rng, "cnn_small", 32, [16, 32], 10), args.out / "cnn_small.onnx")
+    _save(cnn(rng, "cnn_large", 64, [32, 64, 128], 100), args.out / "cnn_large.onnx")
+    if not args.no_ocr:
+        ocr = args.out / "ppocr_det.onnx"
+        if not ocr.exists():
+            fetch_ocr_detector(ocr, HERE / ".cache")
+    print(f"models in {args.out}: {', '.join(sorted(p.name for p in args.out.glob('*.onnx')))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Where the model runs: ONNX Runtime executors and the protocol the gateway speaks to them."""

@@ -1,0 +1,102 @@
+"""The gateway's end of the executor protocol over an asyncio stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from typing import Any
+
+import numpy as np
+
+from executors.wire import PREFIX, ProtocolViolation, encode_frame, pack_tensors, parse_prefix, unpack_tensors
+
+
+class ExecutorFailed(RuntimeError):
+    """The executor could not run the batch: it crashed, hung up, or is not running."""
+
+
+class ModelError(RuntimeError):
+    """ONNX Runtime refused the batch (the executor itself is fine)."""
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+    header_length, payload_length = parse_prefix(await reader.readexactly(PREFIX.size))
+    head = await reader.readexactly(header_length)
+    payload = await reader.readexactly(payload_length) if payload_length else b""
+    return json.loads(head), payload
+
+
+class ExecutorConnection:
+    """Requests in flight to one executor, matched to its replies by id."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: dict[str, Any]):
+        self.hello = hello
+        self._reader = reader
+        self._writer = writer
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._reader_task = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def accept(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> ExecutorConnection:
+        header, _ = await read_frame(reader)
+        if header.get("kind") != "hello":
+            raise ProtocolViolation(f"expected hello from the executor, got {header.get('kind')!r}")
+        return cls(reader, writer, header)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def infer(self, model: str, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        if self.closed.done():
+            raise ExecutorFailed(f"executor connection is closed: {self.closed.result()}")
+        request_id = next(self._ids)
+        descriptions, buffers = pack_tensors(tensors)
+        reply: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = reply
+        try:
+            self._writer.writelines(
+                encode_frame({"kind": "infer", "id": request_id, "model": model, "tensors": descriptions}, buffers)
+            )
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as error:
+            self._pending.pop(request_id, None)
+            raise ExecutorFailed(f"could not send the batch to the executor: {error}") from error
+        header, payload = await reply
+        if header["kind"] == "error":
+            raise ModelError(header.get("message", "the executor refused the batch"))
+        return unpack_tensors(header["tensors"], payload), float(header["compute_ms"])
+
+    def fail_all(self, reason: str) -> None:
+        """Fail every request in flight at once (the executor is gone) and close."""
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ExecutorFailed(reason))
+        self._writer.close()
+
+    async def close(self) -> None:
+        self.fail_all("executor stopped")
+        self._reader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader_task
+
+    async def _read_loop(self) -> None:
+        reason = "executor closed the connection"
+        try:
+            while True:
+                header, payload = await read_frame(self._reader)
+                future = self._pending.pop(header.get("id"), None)
+                if future is not None and not future.done():
+                    future.set_result((header, payload))
+        except asyncio.IncompleteReadError:
+            pass
+        except (ConnectionError, ProtocolViolation, ValueError) as error:
+            reason = f"executor connection failed: {error}"
+        self.fail_all(reason)

@@ -1,0 +1,205 @@
+"""Start, watch and restart one executor; the backends differ only in how they launch it.
+
+A crashed executor is noticed twice: its connection ends (so the requests in flight fail at
+once) and its process or container exits (so it is reaped and started again, with a backoff
+that grows while it keeps crashing).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from executors.connection import ExecutorConnection, ExecutorFailed
+
+log = logging.getLogger("executors")
+
+# How long a launch may take to load its models and say hello (a large model on a slow disk).
+START_TIMEOUT_S = 120.0
+# Restart backoff: first retry quickly, back off while it keeps failing, reset once it has run
+# for a while. The values are the usual ones of process supervisors (systemd, supervisord).
+RESTART_DELAY_S = 0.1
+RESTART_DELAY_MAX_S = 5.0
+STABLE_AFTER_S = 30.0
+
+
+class ExecutorStartError(RuntimeError):
+    """The executor never became ready; the message carries what it printed."""
+
+
+class SupervisedExecutor(abc.ABC):
+    """One executor (one OS process or container) and its connection, restarted when it dies."""
+
+    backend: str = "abstract"
+
+    def __init__(
+        self,
+        executor_id: str,
+        models: dict[str, Path],
+        *,
+        device: str,
+        threads: int,
+        cores: float,
+        socket_dir: Path,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.id = executor_id
+        self.models = models
+        self.device = device
+        self.threads = threads
+        self.cores = cores
+        self.on_change = on_change
+        self.socket_path = socket_dir / f"{executor_id}.sock"
+        self.state = "new"
+        self.restarts = 0
+        self.pid: int | None = None
+        self.signatures: dict[str, Any] = {}
+        self.provider: str | None = None
+        self.output_tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._connection: ExecutorConnection | None = None
+        self._accepted: asyncio.Queue[ExecutorConnection] = asyncio.Queue()
+        self._server: asyncio.AbstractServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._handle: Any = None
+        self._stopping = False
+
+    # -- what a backend provides ------------------------------------------------------------
+    @abc.abstractmethod
+    async def _launch(self) -> Any:
+        """Start the executor so that it connects to ``self.socket_path``; return a handle."""
+
+    @abc.abstractmethod
+    async def _wait_exit(self, handle: Any) -> str:
+        """Wait until the launched executor has exited; say how it ended."""
+
+    @abc.abstractmethod
+    async def _kill(self, handle: Any) -> None:
+        """Make sure the launched executor is gone."""
+
+    def worker_arguments(self, connect: str) -> list[str]:
+        args = ["-m", "executors.worker", "--connect", connect, "--threads", str(self.threads)]
+        for name, path in self.models.items():
+            args += ["--model", f"{name}={path}"]
+        if self.device.startswith("gpu"):
+            args += ["--provider", "cuda", "--device-id", self.device.partition(":")[2] or "0"]
+        return args
+
+    # -- the gateway's side -----------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def in_flight(self) -> int:
+        return self._connection.in_flight if self._connection is not None else 0
+
+    async def start(self) -> None:
+        """Start the executor and wait until it is ready; raise ExecutorStartError if it fails."""
+        self._server = await asyncio.start_unix_server(self._on_connect, path=str(self.socket_path))
+        first_start: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._supervise(first_start))
+        await first_start
+
+    async def infer(self, model: str, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        if self._connection is None or not self.ready:
+            raise ExecutorFailed(f"executor {self.id} is not running ({self.state})")
+        return await self._connection.infer(model, tensors)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._connection is not None:
+            await self._connection.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._handle is not None:
+            await self._kill(self._handle)
+        if self._server is not None:
+            self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self.state = "stopped"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "device": self.device,
+            "backend": self.backend,
+            "cores": self.cores,
+            "threads": self.threads,
+            "state": self.state,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "provider": self.provider,
+        }
+
+    # -- supervision ------------------------------------------------------------------------
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            connection = await asyncio.wait_for(ExecutorConnection.accept(reader, writer), START_TIMEOUT_S)
+        except Exception as error:
+            log.warning("executor %s: bad connection: %s", self.id, error)
+            writer.close()
+            return
+        await self._accepted.put(connection)
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.on_change()
+
+    async def _supervise(self, first_start: asyncio.Future[None]) -> None:
+        delay = RESTART_DELAY_S
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            self._set_state("starting")
+            handle = self._handle = await self._launch()
+            exited = asyncio.ensure_future(self._wait_exit(handle))
+            accepted = asyncio.ensure_future(self._accepted.get())
+            done, _ = await asyncio.wait({exited, accepted}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+            if accepted not in done:
+                accepted.cancel()
+                how = exited.result() if exited in done else f"no hello within {START_TIMEOUT_S:.0f} s"
+                await self._kill(handle)
+                message = f"executor {self.id} failed to start: {how}\n" + "\n".join(self.output_tail)
+                if not first_start.done():
+                    self._set_state("failed")
+                    first_start.set_exception(ExecutorStartError(message))
+                    return
+                log.error("%s", message)
+            else:
+                connection = accepted.result()
+                self._connection = connection
+                self.signatures = connection.hello["models"]
+                self.provider = ",".join(sorted(set(connection.hello.get("providers", {}).values())))
+                self.pid = connection.hello.get("pid")
+                started_at = loop.time()
+                self._set_state("ready")
+                if not first_start.done():
+                    first_start.set_result(None)
+                await asyncio.wait({exited, connection.closed}, return_when=asyncio.FIRST_COMPLETED)
+                # Fail what was in flight now, not when the process has been reaped.
+                connection.fail_all(f"executor {self.id} (pid {self.pid}) stopped while running the batch")
+                self._connection = None
+                if self._stopping:
+                    await self._kill(handle)
+                    return
+                self._set_state("restarting")
+                await self._kill(handle)
+                how = await exited
+                log.error("executor %s (pid %s) ended: %s; restarting", self.id, self.pid, how)
+                if loop.time() - started_at > STABLE_AFTER_S:
+                    delay = RESTART_DELAY_S
+            self.restarts += 1
+            self._set_state("restarting")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESTART_DELAY_MAX_S)

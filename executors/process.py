@@ -1,0 +1,56 @@
+"""Process executors: each one an OS process on this host running ``executors.worker``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from executors.lifecycle import SupervisedExecutor
+
+log = logging.getLogger("executors")
+
+# The project root, so that the worker imports this very checkout even when not installed.
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class ProcessExecutor(SupervisedExecutor):
+    backend = "process"
+
+    async def _launch(self) -> asyncio.subprocess.Process:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *self.worker_arguments(f"unix:{self.socket_path}"),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+        )
+        log.info("executor %s: started process %d for %s on %s", self.id, process.pid, ", ".join(self.models), self.device)
+        asyncio.create_task(self._relay_output(process))
+        return process
+
+    async def _relay_output(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.output_tail.append(line)
+            log.info("[%s] %s", self.id, line)
+
+    async def _wait_exit(self, handle: asyncio.subprocess.Process) -> str:
+        code = await handle.wait()
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    async def _kill(self, handle: asyncio.subprocess.Process) -> None:
+        if handle.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                handle.kill()
+        await handle.wait()

@@ -1,0 +1,89 @@
+"""The executor protocol: length-prefixed frames of a small JSON header and raw tensor bytes.
+
+Every backend (a process on this host, a container, later a remote node) speaks this protocol
+over a stream socket (DESIGN.md, principle 2). A frame is::
+
+    u32 header_length | u32 payload_length | header (UTF-8 JSON) | payload (tensor bytes)
+
+The header describes the tensors (name, datatype, shape, nbytes) in payload order; the tensor
+bytes themselves never pass through JSON. Messages:
+
+- executor -> gateway ``hello``: {"kind": "hello", "pid", "provider", "models": {name: signature}}
+- gateway -> executor ``infer``: {"kind": "infer", "id", "model", "tensors": [...]}
+- executor -> gateway ``result``: {"kind": "result", "id", "compute_ms", "tensors": [...]}
+- executor -> gateway ``error``: {"kind": "error", "id", "message"}
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from executors.tensors import datatype_of, tensor_from_bytes, tensor_to_bytes
+
+PREFIX = struct.Struct("<II")
+# A frame larger than this is refused: it protects both ends from a corrupt length prefix.
+MAX_FRAME_BYTES = 1 << 31
+
+
+class ProtocolViolation(RuntimeError):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def encode_frame(header: dict[str, Any], buffers: list[bytes | memoryview] | None = None) -> list[bytes | memoryview]:
+    """The pieces of one frame, ready for ``writelines``/``sendmsg`` without joining them."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    buffers = buffers or []
+    payload_length = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
+    return [PREFIX.pack(len(head), payload_length), head, *buffers]
+
+
+def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[bytes | memoryview]]:
+    """Tensor descriptions for a header and their byte buffers, in the same order."""
+    descriptions: list[dict[str, Any]] = []
+    buffers: list[bytes | memoryview] = []
+    for name, array in tensors.items():
+        datatype = datatype_of(array)
+        raw = tensor_to_bytes(array, datatype)
+        nbytes = len(raw) if isinstance(raw, bytes) else raw.nbytes
+        descriptions.append({"name": name, "datatype": datatype, "shape": list(array.shape), "nbytes": nbytes})
+        buffers.append(raw)
+    return descriptions, buffers
+
+
+def unpack_tensors(descriptions: list[dict[str, Any]], payload: bytes | memoryview) -> dict[str, np.ndarray]:
+    view = memoryview(payload)
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for description in descriptions:
+        end = offset + description["nbytes"]
+        if end > len(view):
+            raise ProtocolViolation(f"tensor {description['name']!r} runs past the end of the frame")
+        tensors[description["name"]] = tensor_from_bytes(view[offset:end], description["datatype"], description["shape"])
+        offset = end
+    return tensors
+
+
+def parse_prefix(prefix: bytes) -> tuple[int, int]:
+    header_length, payload_length = PREFIX.unpack(prefix)
+    if header_length + payload_length > MAX_FRAME_BYTES:
+        raise ProtocolViolation(f"frame of {header_length + payload_length} bytes is over the limit")
+    return header_length, payload_length
+
+
+def read_frame_blocking(stream: BinaryIO) -> tuple[dict[str, Any], bytes] | None:
+    """One frame from a blocking binary stream; None at a clean end of stream."""
+    prefix = stream.read(PREFIX.size)
+    if not prefix:
+        return None
+    if len(prefix) < PREFIX.size:
+        raise ProtocolViolation("stream ended inside a frame prefix")
+    header_length, payload_length = parse_prefix(prefix)
+    head = stream.read(header_length)
+    payload = stream.read(payload_length) if payload_length else b""
+    if len(head) < header_length or len(payload) < payload_length:
+        raise ProtocolViolation("stream ended inside a frame")
+    return json.loads(head), payload

@@ -1,0 +1,121 @@
+"""The executor process: ONNX Runtime sessions behind the executor protocol.
+
+Started by a backend as ``python -m executors.worker --connect SOCKET --model NAME=PATH ...``.
+It connects to the gateway, sends ``hello`` with the signature of every model it holds, then
+runs one batch at a time (one outstanding request keeps the execution time predictable, as in
+Clockwork Section 4.1) until the gateway closes the connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from executors.tensors import ONNX_TO_KSERVE
+from executors.wire import encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
+
+log = logging.getLogger("executors.worker")
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def describe(session: ort.InferenceSession) -> dict[str, Any]:
+    """Inputs and outputs of a session: name, KServe datatype, shape with -1 for free dims."""
+
+    def spec(arg: Any) -> dict[str, Any]:
+        shape = [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in (arg.shape or [])]
+        return {"name": arg.name, "datatype": ONNX_TO_KSERVE.get(arg.type, arg.type), "shape": shape}
+
+    return {
+        "inputs": [spec(arg) for arg in session.get_inputs()],
+        "outputs": [spec(arg) for arg in session.get_outputs()],
+    }
+
+
+def open_session(path: str, threads: int, provider: str, device_id: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Spinning pool threads burn cores that the control plane is trying to account for.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers: list[Any] = [PROVIDERS[provider]]
+    if provider == "cuda":
+        providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+    session = ort.InferenceSession(path, options, providers=providers)
+    taken = session.get_providers()[0]
+    if taken != PROVIDERS[provider]:
+        log.error("asked for %s for %s but ONNX Runtime took %s", PROVIDERS[provider], path, taken)
+    return session
+
+
+def connect(address: str) -> socket.socket:
+    if address.startswith("tcp:"):
+        host, port = address[4:].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address.removeprefix("unix:"))
+    return sock
+
+
+def serve(sock: socket.socket, sessions: dict[str, ort.InferenceSession], provider: str) -> None:
+    stream = sock.makefile("rb", buffering=1 << 20)
+
+    def send(header: dict[str, Any], buffers: list[Any] | None = None) -> None:
+        sock.sendmsg(encode_frame(header, buffers))
+
+    models = {name: describe(session) for name, session in sessions.items()}
+    taken = {name: session.get_providers()[0] for name, session in sessions.items()}
+    send({"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models})
+    while True:
+        frame = read_frame_blocking(stream)
+        if frame is None:
+            return
+        header, payload = frame
+        request_id = header.get("id")
+        try:
+            session = sessions[header["model"]]
+            feeds = unpack_tensors(header["tensors"], payload)
+            started = time.perf_counter()
+            names = [arg.name for arg in session.get_outputs()]
+            outputs = session.run(names, feeds)
+            compute_ms = (time.perf_counter() - started) * 1000.0
+            descriptions, buffers = pack_tensors({n: np.asarray(o) for n, o in zip(names, outputs, strict=True)})
+            send({"kind": "result", "id": request_id, "compute_ms": compute_ms, "tensors": descriptions}, buffers)
+        except Exception as error:  # the model's error goes back to the request, the executor lives on
+            send({"kind": "error", "id": request_id, "message": f"{type(error).__name__}: {error}"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="executors.worker")
+    parser.add_argument("--connect", required=True, help="unix:PATH or tcp:HOST:PORT of the gateway")
+    parser.add_argument("--model", action="append", required=True, help="NAME=PATH of an ONNX model")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
+    parser.add_argument("--device-id", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
+    sessions = {}
+    for item in args.model:
+        name, _, path = item.partition("=")
+        sessions[name] = open_session(path, args.threads, args.provider, args.device_id)
+    sock = connect(args.connect)
+    # The gateway going away ends the executor: nothing is left to answer.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        serve(sock, sessions, args.provider)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""``gateway bench``: load against a running gateway, open-loop or closed-loop.
+
+Open loop (``--rate`` or ``--steps``): requests leave at Poisson arrival times whatever the
+server does, so queueing shows up in the latencies (no coordinated omission). Closed loop
+(``--concurrency``): N clients, each sending its next request when the last one returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from tqdm import tqdm
+
+from executors.tensors import KSERVE_TO_NUMPY
+
+# Open-loop runs stop adding requests past this many outstanding, so a dead server cannot
+# make the generator eat all memory; such requests are counted as "dropped by client".
+MAX_OUTSTANDING = 20_000
+
+
+@dataclass
+class Outcome:
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    dropped: int = 0
+
+    def add(self, status: str, latency_ms: float) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if status == "200":
+            self.latencies_ms.append(latency_ms)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="gateway base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True)
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="open loop: Poisson arrivals at this many requests/s")
+    load.add_argument("--steps", help="open loop: RATE:SECONDS,RATE:SECONDS,... a step schedule of rates")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds (with --rate or --concurrency)")
+    parser.add_argument("--shape", action="append", default=[], help="NAME=D1,D2,... for inputs with free dimensions (else 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", help="write the results as JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def parse_steps(text: str) -> list[tuple[float, float]]:
+    steps = []
+    for part in text.split(","):
+        rate, _, seconds = part.partition(":")
+        steps.append((float(rate), float(seconds)))
+    return steps
+
+
+def arrival_times(steps: list[tuple[float, float]], rng: random.Random) -> list[float]:
+    """Poisson arrival times (seconds from start) for a schedule of (rate, duration) steps."""
+    times: list[float] = []
+    start = 0.0
+    for rate, seconds in steps:
+        t = start
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= start + seconds:
+                break
+            times.append(t)
+        start += seconds
+    return times
+
+
+def request_body(metadata: dict[str, Any], shapes: dict[str, list[int]], rng: np.random.Generator) -> bytes:
+    inputs = []
+    for spec in metadata["inputs"]:
+        shape = shapes.get(spec["name"]) or [1 if d == -1 else d for d in spec["shape"]]
+        dtype = KSERVE_TO_NUMPY[spec["datatype"]]
+        if spec["datatype"] == "BYTES":
+            data: list[Any] = ["x"] * int(np.prod(shape))
+        elif dtype.kind == "f":
+            data = rng.standard_normal(int(np.prod(shape))).astype(dtype).tolist()
+        elif dtype.kind == "b":
+            data = (rng.random(int(np.prod(shape))) > 0.5).tolist()
+        else:
+            data = rng.integers(0, 2, int(np.prod(shape))).tolist()
+        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": data})
+    return json.dumps({"inputs": inputs}).encode()
+
+
+async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: Outcome) -> None:
+    started = time.perf_counter()
+    try:
+        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+            await response.read()
+            status = str(response.status)
+    except aiohttp.ClientError as error:
+        status = type(error).__name__
+    outcome.add(status, (time.perf_counter() - started) * 1000)
+
+
+async def _open_loop(session: aiohttp.ClientSession, url: str, body: bytes, times: list[float], bar: tqdm | None) -> Outcome:
+    outcome = Outcome()
+    outstanding: set[asyncio.Task[None]] = set()
+    start = time.perf_counter()
+    for t in times:
+        delay = start + t - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if len(outstanding) >= MAX_OUTSTANDING:
+            outcome.dropped += 1
+            continue
+        task = asyncio.create_task(_send(session, url, body, outcome))
+        outstanding.add(task)
+        task.add_done_callback(outstanding.discard)
+        if bar is not None:
+            bar.update(1)
+    if outstanding:
+        await asyncio.wait(outstanding)
+    return outcome
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession, url: str, body: bytes, clients: int, seconds: float, bar: tqdm | None
+) -> Outcome:
+    outcome = Outcome()
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < deadline:
+            await _send(session, url, body, outcome)
+            if bar is not None:
+                bar.update(1)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return outcome
+
+
+def summarize(outcome: Outcome, elapsed_s: float) -> dict[str, Any]:
+    latencies = np.asarray(outcome.latencies_ms)
+    ok = len(latencies)
+
+    def pct(q: float) -> float | None:
+        return round(float(np.percentile(latencies, q)), 3) if ok else None
+
+    return {
+        "elapsed_s": round(elapsed_s, 3),
+        "requests": sum(outcome.statuses.values()),
+        "succeeded": ok,
+        "statuses": outcome.statuses,
+        "dropped_by_client": outcome.dropped,
+        "throughput_rps": round(ok / elapsed_s, 2) if elapsed_s else 0.0,
+        "latency_ms": {
+            "mean": round(float(latencies.mean()), 3) if ok else None,
+            "p50": pct(50),
+            "p90": pct(90),
+            "p99": pct(99),
+            "max": pct(100),
+        },
+    }
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    base = args.url.rstrip("/")
+    shapes = {k: [int(d) for d in v.split(",")] for k, _, v in (s.partition("=") for s in args.shape)}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async with session.get(f"{base}/v2/models/{args.model}") as response:
+            if response.status != 200:
+                raise SystemExit(
+                    f"gateway bench: GET /v2/models/{args.model} answered {response.status}: {await response.text()}"
+                )
+            metadata = await response.json()
+        body = request_body(metadata, shapes, np.random.default_rng(args.seed))
+        url = f"{base}/v2/models/{args.model}/infer"
+        started = time.perf_counter()
+        if args.concurrency:
+            bar = None if args.quiet else tqdm(desc="requests", unit="req", file=sys.stderr)
+            outcome = await _closed_loop(session, url, body, args.concurrency, args.duration, bar)
+        else:
+            steps = parse_steps(args.steps) if args.steps else [(args.rate, args.duration)]
+            times = arrival_times(steps, random.Random(args.seed))
+            bar = None if args.quiet else tqdm(total=len(times), desc="requests", unit="req", file=sys.stderr)
+            outcome = await _open_loop(session, url, body, times, bar)
+        if bar is not None:
+            bar.close()
+        result = summarize(outcome, time.perf_counter() - started)
+    result["mode"] = "closed" if args.concurrency else "open"
+    result["model"] = args.model
+    return result
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    result = asyncio.run(_run(args))
+    latency = result["latency_ms"]
+    print(
+        f"{result['model']}: {result['succeeded']}/{result['requests']} ok in {result['elapsed_s']} s, "
+        f"{result['throughput_rps']} req/s, p50 {latency['p50']} ms, p90 {latency['p90']} ms, p99 {latency['p99']} ms, "
+        f"statuses {result['statuses']}"
+    )
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump(result, handle, indent=2)
+    return 0

@@ -1,0 +1,67 @@
+"""The ``gateway`` command: ``serve`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+
+from gateway.config import ConfigError, load_config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"gateway: config error: {error}", file=sys.stderr)
+        return 2
+    server = config.server
+    if args.host is not None:
+        server = dataclasses.replace(server, host=args.host)
+    if args.port is not None:
+        server = dataclasses.replace(server, port=args.port)
+    config = dataclasses.replace(config, server=server)
+    from executors.lifecycle import ExecutorStartError
+    from gateway.server import serve
+
+    try:
+        asyncio.run(serve(config))
+    except ExecutorStartError as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from gateway.bench import run_bench
+
+    return run_bench(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description="SLA-aware inference gateway")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve the models of a TOML config over HTTP")
+    serve.add_argument("config")
+    serve.add_argument("--host", help="overrides server.host")
+    serve.add_argument("--port", type=int, help="overrides server.port")
+    serve.add_argument("--log-level", default="INFO")
+    serve.set_defaults(run=_serve)
+
+    bench = commands.add_parser("bench", help="drive load against a running gateway")
+    from gateway.bench import add_arguments
+
+    add_arguments(bench)
+    bench.add_argument("--log-level", default="WARNING")
+    bench.set_defaults(run=_bench)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

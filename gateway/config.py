@@ -1,0 +1,187 @@
+"""The TOML configuration of ``gateway serve``.
+
+Every error names the file, the key and what is wrong, and is raised before anything starts.
+Unknown keys are errors too: a misspelt knob must not be silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PORT = 8000
+DEFAULT_HOST = "127.0.0.1"
+# Triton's HTTP endpoint accepts bodies up to 64 MiB by default; a 640x640 image as JSON fits.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class ConfigError(ValueError):
+    def __init__(self, source: Path | str, key: str, message: str):
+        self.source, self.key = source, key
+        super().__init__(f"{source}: {key}: {message}")
+
+
+@dataclass(frozen=True)
+class CpuExecutorConfig:
+    cores: float
+    threads: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    path: Path
+    sla_ms: float
+    max_batch_size: int
+    cpu: CpuExecutorConfig
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    cpu_cores: float
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    cpu_scheduler: str = "round_robin"
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    source: Path
+    server: ServerConfig
+    node: NodeConfig
+    policy: PolicyConfig
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+
+
+class _Table:
+    """A TOML table that remembers where it sits, so errors can name the full key."""
+
+    def __init__(self, source: Path, prefix: str, data: Any):
+        if not isinstance(data, dict):
+            raise ConfigError(source, prefix or "(top level)", f"must be a table, got {type(data).__name__}")
+        self.source, self.prefix, self.data = source, prefix, data
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            if default is ...:
+                raise ConfigError(self.source, self.key(name), "is required")
+            return default
+        value = self.data[name]
+        # TOML integers are fine where a float is asked for; booleans are never numbers.
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and kind is not bool:
+            raise ConfigError(self.source, self.key(name), f"must be {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise ConfigError(self.source, self.key(name), f"must be {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+        return value
+
+    def table(self, name: str) -> _Table:
+        self.used.add(name)
+        return _Table(self.source, self.key(name), self.data.get(name, {}))
+
+    def positive(self, name: str, kind: type, default: Any = ...) -> Any:
+        value = self.get(name, kind, default)
+        if value is not None and (value <= 0 or (isinstance(value, float) and not math.isfinite(value))):
+            raise ConfigError(self.source, self.key(name), f"must be a positive number, got {value!r}")
+        return value
+
+    def reject_unknown(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise ConfigError(self.source, self.key(unknown[0]), f"unknown key (known: {', '.join(sorted(self.used))})")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a table"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
+    source = Path(path)
+    try:
+        raw = tomllib.loads(source.read_text())
+    except FileNotFoundError:
+        raise ConfigError(source, "(file)", "no such file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(source, "(syntax)", str(error)) from None
+    root = _Table(source, "", raw)
+    base = source.resolve().parent
+
+    server_table = root.table("server")
+    server = ServerConfig(
+        host=server_table.get("host", str, DEFAULT_HOST),
+        port=server_table.get("port", int, DEFAULT_PORT),
+        max_body_bytes=server_table.positive("max_body_bytes", int, DEFAULT_MAX_BODY_BYTES),
+    )
+    if not 0 <= server.port <= 65535:
+        raise ConfigError(source, "server.port", f"must be 0-65535, got {server.port}")
+    server_table.reject_unknown()
+
+    node_table = root.table("node")
+    node = NodeConfig(
+        cpu_cores=node_table.positive("cpu_cores", float, float(os.cpu_count() or 1)),
+        gpus=tuple(node_table.get("gpus", list, [])),
+    )
+    if node.gpus:
+        raise ConfigError(source, "node.gpus", "GPU executors are not available in this version; leave the list empty")
+    node_table.reject_unknown()
+
+    policy_table = root.table("policy")
+    policy = PolicyConfig(
+        cpu_scheduler=policy_table.get("cpu_scheduler", str, "round_robin"),
+        seed=policy_table.get("seed", int, None),
+    )
+    if policy.cpu_scheduler != "round_robin":
+        raise ConfigError(source, "policy.cpu_scheduler", f"unknown scheduler {policy.cpu_scheduler!r} (known: round_robin)")
+    policy_table.reject_unknown()
+
+    models_table = root.table("models")
+    if not models_table.data:
+        raise ConfigError(source, "models", "at least one model is required, as a [models.NAME] table")
+    default_cores = node.cpu_cores / len(models_table.data)
+    models: dict[str, ModelConfig] = {}
+    for name in models_table.data:
+        table = models_table.table(name)
+        if not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ConfigError(source, table.prefix, "a model name may hold letters, digits, '_', '-' and '.' only")
+        model_path = Path(table.get("path", str))
+        if not model_path.is_absolute():
+            model_path = base / model_path
+        if not model_path.is_file():
+            raise ConfigError(source, table.key("path"), f"no ONNX file at {model_path}")
+        cpu_table = table.table("cpu")
+        cores = cpu_table.positive("cores", float, default_cores)
+        cpu = CpuExecutorConfig(cores=cores, threads=cpu_table.positive("threads", int, max(1, math.ceil(cores))))
+        cpu_table.reject_unknown()
+        models[name] = ModelConfig(
+            name=name,
+            path=model_path,
+            sla_ms=table.positive("sla_ms", float),
+            max_batch_size=table.positive("max_batch_size", int, 32),
+            cpu=cpu,
+        )
+        table.reject_unknown()
+    root.reject_unknown()
+    return GatewayConfig(source=source, server=server, node=node, policy=policy, models=models)

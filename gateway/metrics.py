@@ -1,0 +1,36 @@
+"""Prometheus metrics of the gateway, in a registry of its own (one per server)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets from 1 ms to 10 s: the SLAs we serve sit between tens and hundreds of ms.
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gateway_requests", "Requests that ended, by outcome", ["model", "outcome"], registry=r)
+        self.queue_seconds = Histogram(
+            "gateway_queue_seconds", "Time from arrival to dispatch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.compute_seconds = Histogram(
+            "gateway_compute_seconds", "Time the executor spent on the batch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.request_seconds = Histogram(
+            "gateway_request_seconds", "End-to-end response time", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_size = Histogram(
+            "gateway_batch_size", "Rows in each executed batch", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.queue_length = Gauge("gateway_queue_length", "Requests waiting in the model's queue", ["model"], registry=r)
+        self.sla_seconds = Gauge("gateway_sla_seconds", "The model's response-time SLA", ["model"], registry=r)
+        self.violations = Counter("gateway_sla_violations", "Requests answered after their SLA", ["model"], registry=r)
+        self.cores = Gauge("gateway_executor_cores", "CPU cores granted to an executor", ["model", "executor"], registry=r)
+        self.core_seconds = Gauge(
+            "gateway_core_seconds", "Core-seconds allocated to the model's executors", ["model"], registry=r
+        )
+        self.restarts = Gauge("gateway_executor_restarts", "Times the executor was restarted", ["model", "executor"], registry=r)

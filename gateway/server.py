@@ -1,0 +1,234 @@
+"""The HTTP front end: KServe v2 data plane, admin API and /metrics on one aiohttp app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from executors.tensors import KSERVE_TO_TRITON_CONFIG
+from gateway import __version__
+from gateway.config import GatewayConfig
+from gateway.engine import Engine, ModelRuntime, RequestFailed
+from gateway.metrics import GatewayMetrics
+from gateway.protocol import InvalidRequest, encode_infer_response, parse_infer_request
+
+log = logging.getLogger("gateway")
+
+ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
+SERVER_NAME = "gateway"
+# The only model version served; the protocol lets clients name it in the path.
+MODEL_VERSION = "1"
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every error leaves as JSON {"error": ...}; an unexpected one is logged and is a 500."""
+    try:
+        return await handler(request)
+    except InvalidRequest as error:
+        return error_response(error.status, str(error))
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        message = error.text if error.text and not error.text.startswith(f"{error.status}:") else error.reason
+        return error_response(error.status, message)
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, "internal error; see the gateway's log")
+
+
+class Handlers:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def _runtime(self, request: web.Request) -> ModelRuntime:
+        name = request.match_info["model"]
+        runtime = self.engine.models.get(name)
+        if runtime is None:
+            known = ", ".join(sorted(self.engine.models))
+            raise InvalidRequest(f"unknown model '{name}'; served models: {known}", status=404)
+        version = request.match_info.get("version")
+        if version is not None and version != MODEL_VERSION:
+            raise InvalidRequest(f"model '{name}' has no version '{version}'; served version: {MODEL_VERSION}", status=404)
+        return runtime
+
+    # -- KServe v2 --------------------------------------------------------------------------
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"name": SERVER_NAME, "version": __version__, "extensions": ["binary_tensor_data", "model_configuration"]}
+        )
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ready = all(r.ready for r in self.engine.models.values())
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        runtime = self._runtime(request)
+        signature = runtime.signature
+        assert signature is not None
+        return web.json_response(
+            {
+                "name": runtime.name,
+                "versions": [MODEL_VERSION],
+                "platform": "onnxruntime_onnx",
+                "inputs": [t.as_json() for t in signature.inputs],
+                "outputs": [t.as_json() for t in signature.outputs],
+            }
+        )
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        runtime = self._runtime(request)
+        return web.json_response({"name": runtime.name, "ready": runtime.ready}, status=200 if runtime.ready else 503)
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        """Triton's model configuration, which perf_analyzer reads before it sends anything."""
+        runtime = self._runtime(request)
+        signature = runtime.signature
+        assert signature is not None
+        batching = signature.batchable
+
+        def tensors(specs: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": t.name,
+                    "data_type": KSERVE_TO_TRITON_CONFIG[t.datatype],
+                    "dims": list(t.shape[1:] if batching else t.shape),
+                }
+                for t in specs
+            ]
+
+        config: dict[str, Any] = {
+            "name": runtime.name,
+            "platform": "onnxruntime_onnx",
+            "backend": "onnxruntime",
+            "max_batch_size": runtime.config.max_batch_size if batching else 0,
+            "input": tensors(signature.inputs),
+            "output": tensors(signature.outputs),
+            "parameters": {"sla_ms": {"string_value": str(runtime.sla_ms)}},
+        }
+        if batching:
+            config["dynamic_batching"] = {}
+        return web.json_response(config)
+
+    async def infer(self, request: web.Request) -> web.Response:
+        arrival = asyncio.get_running_loop().time()
+        runtime = self._runtime(request)
+        assert runtime.signature is not None
+        body = await request.read()
+        try:
+            parsed = parse_infer_request(
+                body, request.headers.get("Inference-Header-Content-Length"), runtime.signature, runtime.config.max_batch_size
+            )
+        except InvalidRequest:
+            self.engine.record(runtime, "invalid")
+            raise
+        try:
+            result = await self.engine.submit(runtime, parsed, arrival)
+        except RequestFailed as error:
+            self.engine.record(runtime, error.outcome)
+            return error_response(error.status, str(error))
+        parameters = {
+            "executed_on": result.executed_on,
+            "batch_size": result.batch_size,
+            "queue_ms": round(result.queue_ms, 3),
+            "compute_ms": round(result.compute_ms, 3),
+        }
+        payload, header_length = encode_infer_response(runtime.name, parsed, result.outputs, runtime.datatypes, parameters)
+        self.engine.record(runtime, "success", arrival)
+        if header_length is None:
+            return web.Response(body=payload, content_type="application/json")
+        return web.Response(
+            body=payload,
+            content_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
+
+    # -- admin ------------------------------------------------------------------------------
+    async def admin_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"models": [self.engine.describe(r) for r in self.engine.models.values()]})
+
+    async def admin_model(self, request: web.Request) -> web.Response:
+        return web.json_response(self.engine.describe(self._runtime(request)))
+
+    async def admin_set_sla(self, request: web.Request) -> web.Response:
+        runtime = self._runtime(request)
+        try:
+            body = json.loads(await request.read())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InvalidRequest(f"the body is not valid JSON: {error}") from None
+        sla = body.get("sla_ms") if isinstance(body, dict) else None
+        if isinstance(sla, bool) or not isinstance(sla, (int, float)) or not 0 < sla < float("inf"):
+            raise InvalidRequest('the body must be {"sla_ms": N} with N a positive number of milliseconds')
+        self.engine.set_sla(runtime, float(sla))
+        return web.json_response(self.engine.describe(runtime))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        engine, metrics = self.engine, self.engine.metrics
+        for runtime in engine.models.values():
+            metrics.core_seconds.labels(runtime.name).set(engine.core_seconds(runtime))
+            for executor in runtime.executors:
+                metrics.restarts.labels(runtime.name, executor.id).set(executor.restarts)
+        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_app(engine: Engine) -> web.Application:
+    app = web.Application(middlewares=[errors_as_json], client_max_size=engine.config.server.max_body_bytes)
+    app[ENGINE] = engine
+    h = Handlers(engine)
+    routes = [
+        web.get("/v2", h.server_metadata),
+        web.get("/v2/health/live", h.live),
+        web.get("/v2/health/ready", h.ready),
+        web.get("/metrics", h.metrics),
+        web.get("/admin/models", h.admin_models),
+        web.get("/admin/models/{model}", h.admin_model),
+        web.put("/admin/models/{model}/sla", h.admin_set_sla),
+    ]
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes += [
+            web.get(prefix, h.model_metadata),
+            web.get(prefix + "/ready", h.model_ready),
+            web.get(prefix + "/config", h.model_config),
+            web.post(prefix + "/infer", h.infer),
+        ]
+    app.add_routes(routes)
+    return app
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Start the executors, then the HTTP server; run until SIGINT or SIGTERM."""
+    engine = Engine(config, GatewayMetrics())
+    await engine.start()
+    runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port)
+    try:
+        await site.start()
+    except OSError as error:
+        await engine.stop()
+        raise SystemExit(f"cannot listen on {config.server.host}:{config.server.port}: {error}") from None
+    log.info("serving %d model(s) on http://%s:%d", len(engine.models), config.server.host, config.server.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+    await engine.stop()

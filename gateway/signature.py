@@ -1,0 +1,44 @@
+"""A model's inputs and outputs, and the rule that decides whether its requests may be batched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1 where the model leaves a dimension free
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelSignature:
+        def specs(items: list[dict[str, Any]]) -> tuple[TensorSpec, ...]:
+            return tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in items)
+
+        return cls(specs(data["inputs"]), specs(data["outputs"]))
+
+    @property
+    def batchable(self) -> bool:
+        """True when every input and output has a free leading dimension: the batch dimension.
+
+        Only then can requests be stacked along it and their results split back without
+        changing any result; any other model is served one request at a time.
+        """
+        return all(len(t.shape) >= 1 and t.shape[0] == -1 for t in self.inputs + self.outputs)
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
