@@ -17,7 +17,7 @@ class RuleController:
         self.period_s = period_s
         self._cores = clamp(initial_cores, min_cores, max_cores)
 
-    def demand(self, mean_rt_ms: float | None, sla_ms: float) -> float:
+    def demand(self, mean_rt_ms: float | None, sla_ms: float, cpu_s_per_request: float | None = None) -> float:
         if mean_rt_ms is not None and mean_rt_ms >= SCALE_UP_AT * sla_ms:
             return clamp(self._cores + STEP_CORES, self.min_cores, self.max_cores)
         if mean_rt_ms is None or mean_rt_ms <= SCALE_DOWN_AT * sla_ms:

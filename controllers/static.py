@@ -9,7 +9,7 @@ class StaticController:
         self.cores = cores
         self.period_s = period_s
 
-    def demand(self, mean_rt_ms: float | None, sla_ms: float) -> float:
+    def demand(self, mean_rt_ms: float | None, sla_ms: float, cpu_s_per_request: float | None = None) -> float:
         return self.cores
 
     def granted(self, cores: float) -> None:

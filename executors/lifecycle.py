@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from executors.connection import ExecutorConnection, ExecutorFailed
+from supervisor.actuation import Actuator
 
 log = logging.getLogger("executors")
 
@@ -50,6 +51,7 @@ class SupervisedExecutor(abc.ABC):
         threads: int,
         cores: float,
         socket_dir: Path,
+        actuator: Actuator | None = None,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = executor_id
@@ -58,6 +60,7 @@ class SupervisedExecutor(abc.ABC):
         self.threads = threads
         self.cores = cores
         self.on_change = on_change
+        self.actuator = actuator
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
         self.restarts = 0
@@ -114,6 +117,20 @@ class SupervisedExecutor(abc.ABC):
             raise ExecutorFailed(f"executor {self.id} is not running ({self.state})")
         return await self._connection.infer(model, tensors)
 
+    def set_cores(self, cores: float) -> None:
+        """Resize the running executor (no restart); a restarted one gets the same cores."""
+        self.cores = cores
+        if self.state == "ready":
+            self._actuate()
+
+    def _actuate(self) -> None:
+        if self.actuator is None or self.pid is None:
+            return
+        try:
+            self.actuator.apply(self.id, self.cores)
+        except OSError as error:
+            log.error("executor %s: could not set %.2f cores with %s: %s", self.id, self.cores, self.actuator.name, error)
+
     async def stop(self) -> None:
         self._stopping = True
         if self._connection is not None:
@@ -141,6 +158,7 @@ class SupervisedExecutor(abc.ABC):
             "pid": self.pid,
             "restarts": self.restarts,
             "provider": self.provider,
+            "actuator": self.actuator.name if self.actuator is not None else None,
         }
 
     # -- supervision ------------------------------------------------------------------------
@@ -182,6 +200,12 @@ class SupervisedExecutor(abc.ABC):
                 self.signatures = connection.hello["models"]
                 self.provider = ",".join(sorted(set(connection.hello.get("providers", {}).values())))
                 self.pid = connection.hello.get("pid")
+                if self.actuator is not None and self.pid is not None:
+                    try:
+                        self.actuator.attach(self.id, self.pid)
+                    except OSError as error:
+                        log.error("executor %s: could not attach pid %s to %s: %s", self.id, self.pid, self.actuator.name, error)
+                    self._actuate()
                 started_at = loop.time()
                 self._set_state("ready")
                 if not first_start.done():

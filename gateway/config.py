@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controllers.pi import DEFAULT_GAIN, DEFAULT_POLE, DEFAULT_ZERO, pi_gains
+
 DEFAULT_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
 # Triton's HTTP endpoint accepts bodies up to 64 MiB by default; a 640x640 image as JSON fits.
@@ -27,8 +29,19 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class CpuExecutorConfig:
-    cores: float
+    cores: float  # at start, and for ever under the "fixed" policy
     threads: int
+    min_cores: float
+    max_cores: float
+
+
+@dataclass(frozen=True)
+class PlantConfig:
+    """ROMA equation (8)-(12) parameters of the model's PI controller (controllers/pi.py)."""
+
+    gain: float  # k: change of the normalized speed alpha SLA / RT per core
+    zero: float  # b: the plant's zero
+    pole: float  # q: where the closed loop's double pole goes
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,7 @@ class ModelConfig:
     sla_ms: float
     max_batch_size: int
     cpu: CpuExecutorConfig
+    plant: PlantConfig
 
 
 @dataclass(frozen=True)
@@ -59,12 +73,30 @@ class PolicyConfig:
     seed: int | None = None
 
 
+CONTROL_POLICIES = ("fixed", "pi", "rules", "max", "min")
+ACTUATORS = ("auto", "cgroup", "affinity")
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """The CPU control plane (ROMA Sections 3-5): which controller, how often, how arbitrated."""
+
+    policy: str = "fixed"  # fixed (cores as configured), pi (ROMA's CT), rules, max, min
+    period_s: float = 1.0  # ROMA's control period
+    setpoint_ratio: float = 0.8  # ROMA's alpha: the set point is alpha x SLA
+    spare_share: float = 0.0  # ROMA's gamma: share of the spare cores handed out
+    reserved_cores: float = 0.0  # ROMA's GC: cores kept to feed the GPUs
+    actuator: str = "auto"
+    cfs_period_us: int = 10_000
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     source: Path
     server: ServerConfig
     node: NodeConfig
     policy: PolicyConfig
+    control: ControlConfig = field(default_factory=ControlConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
 
 
@@ -157,6 +189,34 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raise ConfigError(source, "policy.cpu_scheduler", f"unknown scheduler {policy.cpu_scheduler!r} (known: round_robin)")
     policy_table.reject_unknown()
 
+    control_table = root.table("control")
+    control = ControlConfig(
+        policy=control_table.get("policy", str, "fixed"),
+        period_s=control_table.positive("period_s", float, 1.0),
+        setpoint_ratio=control_table.positive("setpoint_ratio", float, 0.8),
+        spare_share=control_table.get("spare_share", float, 0.0),
+        reserved_cores=control_table.get("reserved_cores", float, 0.0),
+        actuator=control_table.get("actuator", str, "auto"),
+        cfs_period_us=control_table.positive("cfs_period_us", int, 10_000),
+    )
+    if control.policy not in CONTROL_POLICIES:
+        raise ConfigError(source, "control.policy", f"unknown policy {control.policy!r} (known: {', '.join(CONTROL_POLICIES)})")
+    if control.actuator not in ACTUATORS:
+        raise ConfigError(source, "control.actuator", f"unknown actuator {control.actuator!r} (known: {', '.join(ACTUATORS)})")
+    if not 0 <= control.spare_share <= 1:
+        raise ConfigError(source, "control.spare_share", f"must be between 0 and 1, got {control.spare_share}")
+    if not 0 < control.setpoint_ratio <= 1:
+        raise ConfigError(source, "control.setpoint_ratio", f"must be in (0, 1], got {control.setpoint_ratio}")
+    if not 0 <= control.reserved_cores < node.cpu_cores:
+        raise ConfigError(
+            source, "control.reserved_cores", f"must be at least 0 and under node.cpu_cores, got {control.reserved_cores}"
+        )
+    if not 1000 <= control.cfs_period_us <= 1_000_000:
+        raise ConfigError(
+            source, "control.cfs_period_us", f"must be 1000-1000000 (the kernel's range), got {control.cfs_period_us}"
+        )
+    control_table.reject_unknown()
+
     models_table = root.table("models")
     if not models_table.data:
         raise ConfigError(source, "models", "at least one model is required, as a [models.NAME] table")
@@ -173,15 +233,40 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             raise ConfigError(source, table.key("path"), f"no ONNX file at {model_path}")
         cpu_table = table.table("cpu")
         cores = cpu_table.positive("cores", float, default_cores)
-        cpu = CpuExecutorConfig(cores=cores, threads=cpu_table.positive("threads", int, max(1, math.ceil(cores))))
+        max_cores = cpu_table.positive("max_cores", float, node.cpu_cores)
+        cpu = CpuExecutorConfig(
+            cores=cores,
+            threads=cpu_table.positive("threads", int, max(1, math.ceil(max(cores, max_cores)))),
+            # ROMA's own controller clamps at 0.1 core: less leaves a model unable to answer at all.
+            min_cores=cpu_table.positive("min_cores", float, 0.1),
+            max_cores=max_cores,
+        )
+        if not cpu.min_cores <= cpu.cores <= cpu.max_cores:
+            raise ConfigError(
+                source, cpu_table.key("cores"), f"must lie in [min_cores, max_cores] = [{cpu.min_cores}, {cpu.max_cores}]"
+            )
         cpu_table.reject_unknown()
+        plant_table = table.table("plant")
+        plant = PlantConfig(
+            gain=plant_table.get("gain", float, DEFAULT_GAIN),
+            zero=plant_table.get("zero", float, DEFAULT_ZERO),
+            pole=plant_table.get("pole", float, DEFAULT_POLE),
+        )
+        if plant.gain <= 0:
+            raise ConfigError(source, plant_table.key("gain"), "must be positive: more cores raise the speed 1/RT")
+        try:
+            pi_gains(plant.gain, plant.zero, plant.pole)
+        except ValueError as error:
+            raise ConfigError(source, plant_table.prefix, str(error)) from None
+        plant_table.reject_unknown()
         models[name] = ModelConfig(
             name=name,
             path=model_path,
             sla_ms=table.positive("sla_ms", float),
             max_batch_size=table.positive("max_batch_size", int, 32),
             cpu=cpu,
+            plant=plant,
         )
         table.reject_unknown()
     root.reject_unknown()
-    return GatewayConfig(source=source, server=server, node=node, policy=policy, models=models)
+    return GatewayConfig(source=source, server=server, node=node, policy=policy, control=control, models=models)

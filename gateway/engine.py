@@ -25,11 +25,17 @@ from executors.lifecycle import SupervisedExecutor
 from executors.process import ProcessExecutor
 from gateway.batching import batch_key, split_outputs, stack_inputs, take_batch
 from gateway.config import GatewayConfig, ModelConfig
+from gateway.control import ControlLoop
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import InferRequest
 from gateway.signature import ModelSignature
 from gateway.stats import CoreMeter, ResponseTimes
 from schedulers.round_robin import RandomRoundRobin
+from supervisor.actuation import Actuator, make_actuator
+from supervisor.node import Window
+
+# Control periods kept for the admin API's history: an hour at ROMA's 1 s period.
+HISTORY = 3600
 
 log = logging.getLogger("gateway")
 
@@ -78,6 +84,29 @@ class ModelRuntime:
     times: ResponseTimes = field(default_factory=ResponseTimes)
     core_meters: dict[str, CoreMeter] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
+    # Requests served since the last control period, and one entry per period closed.
+    window: Window = field(default_factory=Window)
+    windows: int = 0
+    window_violations: int = 0
+    history: deque[dict[str, float | int | None]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    def close_window(self, now: float, served: Window, demanded: float, granted: float) -> None:
+        """ROMA's violation (Section 5): the mean response time of a control window over the SLA."""
+        mean = served.mean_ms
+        self.windows += 1
+        violated = mean is not None and mean > self.sla_ms
+        self.window_violations += violated
+        self.history.append(
+            {
+                "t": round(now, 3),
+                "requests": served.count,
+                "mean_rt_ms": mean,
+                "sla_ms": self.sla_ms,
+                "demanded_cores": round(demanded, 4),
+                "cores": round(granted, 4),
+                "violation": violated,
+            }
+        )
 
     @property
     def name(self) -> str:
@@ -101,6 +130,8 @@ class Engine:
         self._socket_dir = Path(tempfile.mkdtemp(prefix="gateway-"))
         self._busy: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.actuator: Actuator = make_actuator(config.control.actuator, config.control.cfs_period_us)
+        self.control: ControlLoop | None = None
         self.models: dict[str, ModelRuntime] = {}
         for name, model in config.models.items():
             executor = ProcessExecutor(
@@ -110,6 +141,7 @@ class Engine:
                 threads=model.cpu.threads,
                 cores=model.cpu.cores,
                 socket_dir=self._socket_dir,
+                actuator=self.actuator,
                 on_change=self._on_executor_change,
             )
             self.models[name] = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[executor])
@@ -119,6 +151,10 @@ class Engine:
         return asyncio.get_running_loop().time()
 
     async def start(self) -> None:
+        self.control = ControlLoop(self)
+        for name, cores in self.control.initial_cores.items():
+            for executor in self.models[name].executors:
+                executor.cores = cores
         executors = [e for runtime in self.models.values() for e in runtime.executors]
         results = await asyncio.gather(*(e.start() for e in executors), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -133,7 +169,7 @@ class Engine:
                 runtime.core_meters[executor.id] = CoreMeter(executor.cores, now)
                 self.metrics.cores.labels(runtime.name, executor.id).set(executor.cores)
                 log.info(
-                    "model %s: executor %s (%s, pid %s, %s cores, %s threads, provider %s), batching %s",
+                    "model %s: executor %s (%s, pid %s, %.2f cores, %s threads, provider %s), batching %s",
                     runtime.name,
                     executor.id,
                     executor.backend,
@@ -143,12 +179,20 @@ class Engine:
                     executor.provider,
                     f"up to {runtime.config.max_batch_size}" if runtime.signature.batchable else "off",
                 )
+        self.control.start()
+        control = self.config.control
+        log.info(
+            "CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.actuator.name
+        )
 
     async def stop(self) -> None:
+        if self.control is not None:
+            await self.control.stop()
         for runtime in self.models.values():
             while runtime.queue:
                 self._fail(runtime, runtime.queue.popleft(), RequestFailed("the gateway is shutting down", 503, "shutdown"))
         await asyncio.gather(*(e.stop() for r in self.models.values() for e in r.executors), return_exceptions=True)
+        self.actuator.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------
@@ -170,12 +214,21 @@ class Engine:
             if rt_ms > runtime.sla_ms:
                 self.metrics.violations.labels(runtime.name).inc()
             runtime.times.observe(rt_ms, runtime.sla_ms)
+            runtime.window.add(rt_ms)
             self.metrics.request_seconds.labels(runtime.name).observe(rt_ms / 1000)
 
     def set_sla(self, runtime: ModelRuntime, sla_ms: float) -> None:
         runtime.sla_ms = sla_ms
         self.metrics.sla_seconds.labels(runtime.name).set(sla_ms / 1000)
         log.info("model %s: SLA set to %g ms", runtime.name, sla_ms)
+
+    def set_cores(self, runtime: ModelRuntime, cores: float) -> None:
+        now = self.now
+        for executor in runtime.executors:
+            if abs(executor.cores - cores) > 1e-6:
+                executor.set_cores(cores)
+            runtime.core_meters[executor.id].set(cores, now)
+            self.metrics.cores.labels(runtime.name, executor.id).set(cores)
 
     def core_seconds(self, runtime: ModelRuntime) -> float:
         now = self.now
@@ -250,6 +303,8 @@ class Engine:
                 "max_rt_ms": times.max_ms,
                 "std_rt_ms": times.std_ms,
                 "violations": times.violations,
+                "window_violations": runtime.window_violations,
+                "windows": runtime.windows,
                 "core_seconds": self.core_seconds(runtime),
                 "outcomes": dict(runtime.outcomes),
             },

@@ -29,6 +29,9 @@ class GatewayMetrics:
         self.queue_length = Gauge("gateway_queue_length", "Requests waiting in the model's queue", ["model"], registry=r)
         self.sla_seconds = Gauge("gateway_sla_seconds", "The model's response-time SLA", ["model"], registry=r)
         self.violations = Counter("gateway_sla_violations", "Requests answered after their SLA", ["model"], registry=r)
+        self.window_violations = Gauge(
+            "gateway_window_violations", "Control windows whose mean response time was over the SLA", ["model"], registry=r
+        )
         self.cores = Gauge("gateway_executor_cores", "CPU cores granted to an executor", ["model", "executor"], registry=r)
         self.core_seconds = Gauge(
             "gateway_core_seconds", "Core-seconds allocated to the model's executors", ["model"], registry=r

@@ -166,6 +166,31 @@ class Handlers:
     async def admin_model(self, request: web.Request) -> web.Response:
         return web.json_response(self.engine.describe(self._runtime(request)))
 
+    async def admin_history(self, request: web.Request) -> web.Response:
+        """One entry per control period: requests, mean response time, SLA, cores demanded and granted."""
+        runtime = self._runtime(request)
+        return web.json_response(
+            {"name": runtime.name, "period_s": self.engine.config.control.period_s, "history": list(runtime.history)}
+        )
+
+    async def admin_node(self, request: web.Request) -> web.Response:
+        config = self.engine.config
+        control = config.control
+        return web.json_response(
+            {
+                "cpu_cores": config.node.cpu_cores,
+                "control": {
+                    "policy": control.policy,
+                    "period_s": control.period_s,
+                    "setpoint_ratio": control.setpoint_ratio,
+                    "spare_share": control.spare_share,
+                    "reserved_cores": control.reserved_cores,
+                    "actuator": self.engine.actuator.name,
+                },
+                "cores": {name: sum(e.cores for e in r.executors) for name, r in self.engine.models.items()},
+            }
+        )
+
     async def admin_set_sla(self, request: web.Request) -> web.Response:
         runtime = self._runtime(request)
         try:
@@ -182,6 +207,7 @@ class Handlers:
         engine, metrics = self.engine, self.engine.metrics
         for runtime in engine.models.values():
             metrics.core_seconds.labels(runtime.name).set(engine.core_seconds(runtime))
+            metrics.window_violations.labels(runtime.name).set(runtime.window_violations)
             for executor in runtime.executors:
                 metrics.restarts.labels(runtime.name, executor.id).set(executor.restarts)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -198,7 +224,9 @@ def build_app(engine: Engine) -> web.Application:
         web.get("/metrics", h.metrics),
         web.get("/admin/models", h.admin_models),
         web.get("/admin/models/{model}", h.admin_model),
+        web.get("/admin/models/{model}/history", h.admin_history),
         web.put("/admin/models/{model}/sla", h.admin_set_sla),
+        web.get("/admin/node", h.admin_node),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
