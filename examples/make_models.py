@@ -3,6 +3,8 @@
 - mlp: x[N,512] -> MatMul 512x512 -> Relu -> MatMul 512x512 (the model of ../shared/PEERS.md)
 - cnn_small: x[N,3,32,32] -> two convolutions -> global average pool -> 10 logits
 - cnn_large: x[N,3,64,64] -> three wider convolutions -> global average pool -> 100 logits
+- upconv_s/m/l/xl: x[N,1,8,8] upsampled to 64x64, then 3-5 convolutions: compute-bound models
+  with tiny inputs (milliseconds of CPU per request), the stand-ins of ROMA's experiment
 - ppocr_det: the PP-OCRv4 text detector shipped in the rapidocr-onnxruntime 1.4.4 wheel, read out
   of the wheel (a zip) fetched with ``pip download --no-deps``; the package itself is never
   installed, since it would replace onnxruntime-gpu's ``onnxruntime`` module with the CPU one.
@@ -87,6 +89,35 @@ def cnn(rng: np.random.Generator, name: str, size: int, channels: list[int], cla
     )
 
 
+def upconv(rng: np.random.Generator, name: str, layers: int, width: int, size: int = 64) -> onnx.GraphProto:
+    """x[N,1,8,8] -> nearest upsampling to size x size -> ``layers`` 3x3 convolutions of ``width``
+    channels -> y[N,1]: milliseconds of CPU per request from a 64-float input, so that a load
+    generator can keep an executor busy while staying cheap itself."""
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="nearest")]
+    inits = [numpy_helper.from_array(np.array([1.0, 1.0, size / 8, size / 8], np.float32), "scales")]
+    previous, current = 1, "up"
+    for i in range(layers):
+        w = (rng.standard_normal((width, previous, 3, 3)) * np.sqrt(2 / (previous * 9))).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        previous, current = width, f"r{i}"
+    nodes.append(helper.make_node("ReduceMean", [current], ["s"], axes=[1, 2, 3], keepdims=0))
+    nodes.append(helper.make_node("Unsqueeze", ["s", "one"], ["y"]))
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
+    return helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        inits,
+    )
+
+
+# Stand-ins for the four applications of ROMA's evaluation (Section 5), from light to heavy.
+UPCONV = {"upconv_s": (3, 48), "upconv_m": (3, 64), "upconv_l": (4, 64), "upconv_xl": (5, 64)}
+
+
 def fetch_ocr_detector(target: Path, cache: Path) -> None:
     """Take the PP-OCRv4 detector out of the rapidocr-onnxruntime wheel (not installing it)."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -110,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     _save(mlp(rng), args.out / "mlp.onnx")
     _save(cnn(rng, "cnn_small", 32, [16, 32], 10), args.out / "cnn_small.onnx")
     _save(cnn(rng, "cnn_large", 64, [32, 64, 128], 100), args.out / "cnn_large.onnx")
+    for name, (layers, width) in UPCONV.items():
+        _save(upconv(rng, name, layers, width), args.out / f"{name}.onnx")
     if not args.no_ocr:
         ocr = args.out / "ppocr_det.onnx"
         if not ocr.exists():

@@ -52,6 +52,7 @@ class SupervisedExecutor(abc.ABC):
         cores: float,
         socket_dir: Path,
         actuator: Actuator | None = None,
+        emulate: dict[str, tuple[float, float]] | None = None,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = executor_id
@@ -61,6 +62,7 @@ class SupervisedExecutor(abc.ABC):
         self.cores = cores
         self.on_change = on_change
         self.actuator = actuator
+        self.emulate = emulate or {}
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
         self.restarts = 0
@@ -92,7 +94,10 @@ class SupervisedExecutor(abc.ABC):
         args = ["-m", "executors.worker", "--connect", connect, "--threads", str(self.threads)]
         for name, path in self.models.items():
             args += ["--model", f"{name}={path}"]
-        if self.device.startswith("gpu"):
+        if self.emulate:
+            for name, (per_item_ms, fixed_ms) in self.emulate.items():
+                args += ["--emulate", f"{name}={per_item_ms},{fixed_ms}"]
+        elif self.device.startswith("gpu"):
             args += ["--provider", "cuda", "--device-id", self.device.partition(":")[2] or "0"]
         return args
 
@@ -159,6 +164,7 @@ class SupervisedExecutor(abc.ABC):
             "restarts": self.restarts,
             "provider": self.provider,
             "actuator": self.actuator.name if self.actuator is not None else None,
+            "emulated": bool(self.emulate),
         }
 
     # -- supervision ------------------------------------------------------------------------

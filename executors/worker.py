@@ -41,6 +41,18 @@ def describe(session: ort.InferenceSession) -> dict[str, Any]:
     }
 
 
+def load_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries that pip installed (onnxruntime-gpu[cuda,cudnn]) before
+    the first CUDA session; where they are missing the CUDA provider fails, the session falls back
+    to the CPU and ``open_session`` logs it."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as error:  # a missing library is reported by the session that needs it
+            log.warning("could not preload the CUDA libraries: %s", error)
+
+
 def open_session(path: str, threads: int, provider: str, device_id: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -76,7 +88,20 @@ def connect(address: str) -> socket.socket:
     return sock
 
 
-def serve(sock: socket.socket, sessions: dict[str, ort.InferenceSession], provider: str) -> None:
+def serve(
+    sock: socket.socket,
+    sessions: dict[str, ort.InferenceSession],
+    provider: str,
+    emulate: dict[str, tuple[float, float]] | None = None,
+) -> None:
+    """Answer infer frames until the gateway hangs up.
+
+    ``emulate`` maps a model to a GPU latency profile (per-item ms, fixed ms): the batch is
+    computed here (so results are real) and then held until l(b) has passed, the way Symphony's
+    authors emulated GPUs; a batch that takes longer than l(b) to compute is logged once.
+    """
+    emulate = emulate or {}
+    slow_logged: set[str] = set()
     stream = sock.makefile("rb", buffering=1 << 20)
 
     def send(header: dict[str, Any], buffers: list[Any] | None = None) -> None:
@@ -98,6 +123,15 @@ def serve(sock: socket.socket, sessions: dict[str, ort.InferenceSession], provid
             names = [arg.name for arg in session.get_outputs()]
             outputs = session.run(names, feeds)
             compute_ms = (time.perf_counter() - started) * 1000.0
+            if header["model"] in emulate:
+                per_item_ms, fixed_ms = emulate[header["model"]]
+                rows = next(iter(feeds.values())).shape[0] if feeds else 1
+                target_ms = per_item_ms * rows + fixed_ms
+                if compute_ms > target_ms and header["model"] not in slow_logged:
+                    slow_logged.add(header["model"])
+                    log.warning("%s: computing took %.2f ms, over the emulated %.2f ms", header["model"], compute_ms, target_ms)
+                time.sleep(max(0.0, target_ms - compute_ms) / 1000)
+                compute_ms = max(compute_ms, target_ms)
             descriptions, buffers = pack_tensors({n: np.asarray(o) for n, o in zip(names, outputs, strict=True)})
             send({"kind": "result", "id": request_id, "compute_ms": compute_ms, "tensors": descriptions}, buffers)
         except Exception as error:  # the model's error goes back to the request, the executor lives on
@@ -111,16 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
     parser.add_argument("--device-id", type=int, default=0)
+    parser.add_argument("--emulate", action="append", default=[], help="NAME=PER_ITEM_MS,FIXED_MS: hold batches of NAME for l(b)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
+    if args.provider == "cuda":
+        load_cuda_libraries()
     sessions = {}
     for item in args.model:
         name, _, path = item.partition("=")
         sessions[name] = open_session(path, args.threads, args.provider, args.device_id)
+    emulate = {}
+    for item in args.emulate:
+        name, _, numbers = item.partition("=")
+        per_item, fixed = (float(x) for x in numbers.split(","))
+        emulate[name] = (per_item, fixed)
     sock = connect(args.connect)
     # The gateway going away ends the executor: nothing is left to answer.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        serve(sock, sessions, args.provider)
+        serve(sock, sessions, args.provider, emulate)
     return 0
 
 

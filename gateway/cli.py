@@ -39,6 +39,18 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _identify(args: argparse.Namespace) -> int:
+    from gateway.identify import run_identify
+
+    return run_identify(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from gateway.simulate import run_simulate
+
+    return run_simulate(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="SLA-aware inference gateway")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(bench)
     bench.add_argument("--log-level", default="WARNING")
     bench.set_defaults(run=_bench)
+
+    identify = commands.add_parser("identify", help="step test of a model's cores on a running gateway: measures k")
+    from gateway.identify import add_arguments as add_identify_arguments
+
+    add_identify_arguments(identify)
+    identify.add_argument("--log-level", default="WARNING")
+    identify.set_defaults(run=_identify)
+
+    simulate = commands.add_parser("simulate", help="the GPU scheduler on a virtual clock against emulated GPUs")
+    from gateway.simulate import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+    simulate.add_argument("--log-level", default="WARNING")
+    simulate.set_defaults(run=_simulate)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

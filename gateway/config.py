@@ -6,6 +6,8 @@ Unknown keys are errors too: a misspelt knob must not be silently ignored.
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import math
 import os
 import tomllib
@@ -52,6 +54,25 @@ class ModelConfig:
     max_batch_size: int
     cpu: CpuExecutorConfig
     plant: PlantConfig
+    # Clockwork's admission control: refuse what cannot meet its deadline (else serve it late).
+    drop_late: bool = False
+    # The row of [gpu].profile that an emulated GPU uses for this model.
+    gpu_profile: str | None = None
+
+
+GPU_EXECUTORS = ("cuda", "emulated")
+GPU_POLICIES = ("deferral", "roma", "work_conserving", "edf")
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """GPU executors and their scheduler (ROMA Algorithm 1, Symphony Section 4.3)."""
+
+    executor: str = "cuda"  # cuda (ONNX Runtime's CUDA provider) or emulated (held for l(b))
+    policy: str = "deferral"
+    queue_weight: float = 0.5  # ROMA's beta
+    profile: Path | None = None  # CSV (model, alpha_ms, beta_ms): the emulated GPU's l(b)
+    profiles: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,7 +85,7 @@ class ServerConfig:
 @dataclass(frozen=True)
 class NodeConfig:
     cpu_cores: float
-    gpus: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()  # device ids
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,7 @@ class GatewayConfig:
     node: NodeConfig
     policy: PolicyConfig
     control: ControlConfig = field(default_factory=ControlConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
 
 
@@ -176,9 +198,33 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         cpu_cores=node_table.positive("cpu_cores", float, float(os.cpu_count() or 1)),
         gpus=tuple(node_table.get("gpus", list, [])),
     )
-    if node.gpus:
-        raise ConfigError(source, "node.gpus", "GPU executors are not available in this version; leave the list empty")
+    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in node.gpus) or len(set(node.gpus)) != len(
+        node.gpus
+    ):
+        raise ConfigError(source, "node.gpus", f"must be a list of distinct GPU device ids such as [0, 1], got {list(node.gpus)}")
     node_table.reject_unknown()
+
+    gpu_table = root.table("gpu")
+    profile_path = gpu_table.get("profile", str, None)
+    gpu = GpuConfig(
+        executor=gpu_table.get("executor", str, "cuda"),
+        policy=gpu_table.get("policy", str, "deferral"),
+        queue_weight=gpu_table.get("queue_weight", float, 0.5),
+        profile=(base / profile_path)
+        if profile_path and not Path(profile_path).is_absolute()
+        else (Path(profile_path) if profile_path else None),
+    )
+    if gpu.executor not in GPU_EXECUTORS:
+        raise ConfigError(source, "gpu.executor", f"unknown executor {gpu.executor!r} (known: {', '.join(GPU_EXECUTORS)})")
+    if gpu.policy not in GPU_POLICIES:
+        raise ConfigError(source, "gpu.policy", f"unknown policy {gpu.policy!r} (known: {', '.join(GPU_POLICIES)})")
+    if not 0 <= gpu.queue_weight <= 1:
+        raise ConfigError(source, "gpu.queue_weight", f"must be between 0 and 1, got {gpu.queue_weight}")
+    if gpu.executor == "emulated" and node.gpus:
+        if gpu.profile is None:
+            raise ConfigError(source, "gpu.profile", "an emulated GPU needs a profile CSV (model, alpha_ms, beta_ms)")
+        gpu = dataclasses.replace(gpu, profiles=_read_profiles(source, gpu.profile))
+    gpu_table.reject_unknown()
 
     policy_table = root.table("policy")
     policy = PolicyConfig(
@@ -266,7 +312,24 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             max_batch_size=table.positive("max_batch_size", int, 32),
             cpu=cpu,
             plant=plant,
+            drop_late=table.get("drop_late", bool, False),
+            gpu_profile=table.get("gpu_profile", str, None),
         )
+        if gpu.executor == "emulated" and node.gpus and (models[name].gpu_profile or name) not in gpu.profiles:
+            raise ConfigError(
+                source, table.key("gpu_profile"), f"{gpu.profile} has no row {models[name].gpu_profile or name!r} for this model"
+            )
         table.reject_unknown()
     root.reject_unknown()
-    return GatewayConfig(source=source, server=server, node=node, policy=policy, control=control, models=models)
+    return GatewayConfig(source=source, server=server, node=node, policy=policy, control=control, gpu=gpu, models=models)
+
+
+def _read_profiles(source: Path, path: Path) -> dict[str, tuple[float, float]]:
+    """model -> (per-item ms, fixed ms) from a zoo CSV such as ../shared/data/symphony_zoo_a100.csv."""
+    try:
+        with path.open() as handle:
+            return {row["model"]: (float(row["alpha_ms"]), float(row["beta_ms"])) for row in csv.DictReader(handle)}
+    except FileNotFoundError:
+        raise ConfigError(source, "gpu.profile", f"no such file {path}") from None
+    except (KeyError, ValueError) as error:
+        raise ConfigError(source, "gpu.profile", f"{path} needs the columns model, alpha_ms, beta_ms: {error}") from None

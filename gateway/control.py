@@ -74,9 +74,32 @@ class ControlLoop:
             reserved_cores=control.reserved_cores,
             spare_share=control.spare_share,
             now=engine.now,
+            tick_s=control.period_s,
         )
         self._task: asyncio.Task[None] | None = None
         self._cpu_seen: dict[str, tuple[int | None, float]] = {}
+        self.pinned: dict[str, float | None] = {}
+
+    def pin(self, name: str, cores: float | None) -> None:
+        """Hold a model at ``cores`` from now on (None: hand it back to the configured policy).
+
+        The supervisor still fits the pinned demand to the node with the others; the granted
+        cores are applied at once, not at the next period.
+        """
+        engine = self.engine
+        config, control = engine.config, engine.config.control
+        model = config.models[name]
+        if cores is None:
+            controller = make_controller(control.policy, model, control, config.node.cpu_cores, len(config.models))
+            demand = sum(e.cores for e in engine.models[name].executors)
+        else:
+            controller, demand = StaticController(cores, control.period_s), cores
+        self.pinned[name] = cores
+        self.supervisor.replace(name, controller, demand, engine.now)
+        granted = arbitrate(self.supervisor.demands, config.node.cpu_cores, control.reserved_cores, control.spare_share)
+        for other, value in granted.items():
+            self.supervisor.controllers[other].granted(value)
+            engine.set_cores(engine.models[other], value)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

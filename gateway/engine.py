@@ -1,14 +1,23 @@
 """The serving engine: per-model queues, executors, and the carrying-out of scheduler decisions.
 
-Requests wait in a FIFO queue per model (ROMA Section 2.1). Whenever a request arrives or an
-executor becomes free, the CPU scheduler pairs free executors with queued work and the engine
-sends each chosen executor one batch from the head of that queue. Every request ends with a
-result or an explicit error.
+Requests wait in a FIFO queue per model (ROMA Section 2.1). Whenever a request arrives, an
+executor becomes free or a deferred GPU batch falls due, the engine asks the schedulers what to
+do and carries it out:
+
+- the GPU scheduler (schedulers/gpu.py) decides what each free GPU executor runs next, may
+  defer a small batch to let it grow (Symphony), and sets aside requests that can no longer
+  meet their deadline;
+- the CPU scheduler (ROMA's round-robin) pairs free CPU executors with queued work; where GPUs
+  serve the node, a CPU executor takes from a queue only the requests that the GPUs' projected
+  capacity cannot finish in time, so that it never starves a batch the GPU defers on purpose.
+
+Every request ends with a result or an explicit error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import shutil
@@ -27,9 +36,14 @@ from gateway.batching import batch_key, split_outputs, stack_inputs, take_batch
 from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
 from gateway.metrics import GatewayMetrics
+from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest
 from gateway.signature import ModelSignature
 from gateway.stats import CoreMeter, ResponseTimes
+from schedulers.admission import admissible
+from schedulers.candidate import QueuedRequest
+from schedulers.gpu import Dispatch, GpuScheduler, Refuse, WaitUntil, gpu_can_finish
+from schedulers.profiles import LatencyProfile
 from schedulers.round_robin import RandomRoundRobin
 from supervisor.actuation import Actuator, make_actuator
 from supervisor.node import Window
@@ -50,11 +64,12 @@ class RequestFailed(RuntimeError):
 
 @dataclass
 class Pending:
+    id: int
     request: InferRequest
     arrival: float
+    deadline: float
     future: asyncio.Future[Result]
     batch_key: tuple = ()
-    dispatched: float = 0.0
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
@@ -89,6 +104,10 @@ class ModelRuntime:
     windows: int = 0
     window_violations: int = 0
     history: deque[dict[str, float | int | None]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # Batch latency of the model on its CPU executor and on the node's GPUs (schedulers/profiles.py).
+    cpu_profile: LatencyProfile | None = None
+    gpu_profile: LatencyProfile | None = None
+    devices: dict[str, int] = field(default_factory=dict)  # requests served, by device
 
     def close_window(self, now: float, served: Window, demanded: float, granted: float) -> None:
         """ROMA's violation (Section 5): the mean response time of a control window over the SLA."""
@@ -145,6 +164,33 @@ class Engine:
                 on_change=self._on_executor_change,
             )
             self.models[name] = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[executor])
+        self._ids = itertools.count(1)
+        self.gpu_executors: list[SupervisedExecutor] = []
+        self.gpu_scheduler: GpuScheduler | None = None
+        self._gpu_free_at: dict[str, float] = {}
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = float("inf")
+        gpu = config.gpu
+        for device_id in config.node.gpus:
+            emulate = (
+                {name: gpu.profiles[m.gpu_profile or name] for name, m in config.models.items()}
+                if gpu.executor == "emulated"
+                else None
+            )
+            self.gpu_executors.append(
+                ProcessExecutor(
+                    f"gpu-{device_id}",
+                    {name: m.path for name, m in config.models.items()},
+                    device=f"gpu:{device_id}",
+                    threads=1,
+                    cores=0.0,
+                    socket_dir=self._socket_dir,
+                    emulate=emulate,
+                    on_change=self._on_executor_change,
+                )
+            )
+        if self.gpu_executors:
+            self.gpu_scheduler = GpuScheduler(gpu.policy, config.control.setpoint_ratio, gpu.queue_weight)
 
     @property
     def now(self) -> float:
@@ -155,7 +201,7 @@ class Engine:
         for name, cores in self.control.initial_cores.items():
             for executor in self.models[name].executors:
                 executor.cores = cores
-        executors = [e for runtime in self.models.values() for e in runtime.executors]
+        executors = [e for runtime in self.models.values() for e in runtime.executors] + self.gpu_executors
         results = await asyncio.gather(*(e.start() for e in executors), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -179,34 +225,96 @@ class Engine:
                     executor.provider,
                     f"up to {runtime.config.max_batch_size}" if runtime.signature.batchable else "off",
                 )
+        await self._profile()
         self.control.start()
         control = self.config.control
         log.info(
             "CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.actuator.name
         )
 
+    async def _profile(self) -> None:
+        """Seed each model's latency profiles with a short profiling run on each kind of device."""
+        for runtime in self.models.values():
+            assert runtime.signature is not None
+            runtime.cpu_profile = await profile_executor(runtime.executors[0], runtime.name, runtime.signature, runtime.config)
+            log.info(
+                "model %s: CPU profile l(b) = %.3f b + %.3f ms",
+                runtime.name,
+                runtime.cpu_profile.per_item_ms,
+                runtime.cpu_profile.fixed_ms,
+            )
+            if self.gpu_scheduler is not None:
+                gpu = self.gpu_executors[0]
+                if gpu.emulate:
+                    per_item, fixed = gpu.emulate[runtime.name]
+                    runtime.gpu_profile = LatencyProfile(per_item, fixed)
+                else:
+                    runtime.gpu_profile = await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
+                log.info(
+                    "model %s: GPU profile l(b) = %.3f b + %.3f ms%s",
+                    runtime.name,
+                    runtime.gpu_profile.per_item_ms,
+                    runtime.gpu_profile.fixed_ms,
+                    " (emulated)" if gpu.emulate else "",
+                )
+                max_batch = runtime.config.max_batch_size if runtime.signature.batchable else 1
+                self.gpu_scheduler.add_model(
+                    runtime.name, runtime.sla_ms, max_batch, runtime.gpu_profile, runtime.config.drop_late
+                )
+        for executor in self.gpu_executors:
+            log.info(
+                "GPU executor %s on %s (pid %s, provider %s%s)",
+                executor.id,
+                executor.device,
+                executor.pid,
+                executor.provider,
+                ", emulated" if executor.emulate else "",
+            )
+
     async def stop(self) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
         if self.control is not None:
             await self.control.stop()
         for runtime in self.models.values():
             while runtime.queue:
                 self._fail(runtime, runtime.queue.popleft(), RequestFailed("the gateway is shutting down", 503, "shutdown"))
-        await asyncio.gather(*(e.stop() for r in self.models.values() for e in r.executors), return_exceptions=True)
+        executors = [e for r in self.models.values() for e in r.executors] + self.gpu_executors
+        await asyncio.gather(*(e.stop() for e in executors), return_exceptions=True)
         self.actuator.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, runtime: ModelRuntime, request: InferRequest, arrival: float) -> asyncio.Future[Result]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        pending = Pending(request, arrival, future)
+        pending = Pending(next(self._ids), request, arrival, arrival + runtime.sla_ms / 1000, future)
+        if runtime.config.drop_late:
+            profiles = [p for p in (runtime.cpu_profile, runtime.gpu_profile) if p is not None]
+            if profiles and not admissible(self._queued(runtime.name, pending), self.now, profiles):
+                fastest = min(p.latency_ms(request.rows) for p in profiles)
+                future.set_exception(
+                    RequestFailed(
+                        f"model '{runtime.name}' cannot answer within its SLA of {runtime.sla_ms:g} ms: the fastest device "
+                        f"needs {fastest:.1f} ms for this request; refused before any work was done",
+                        503,
+                        "refused_deadline",
+                    )
+                )
+                return future
         if runtime.signature is not None and runtime.signature.batchable:
             pending.batch_key = batch_key(request.inputs)
+        if self.gpu_scheduler is not None:
+            self.gpu_scheduler.on_arrival(runtime.name, self.now)
         runtime.queue.append(pending)
         self._pump()
         return future
 
-    def record(self, runtime: ModelRuntime, outcome: str, arrival: float | None = None) -> None:
-        """Account for a request that ended (``arrival`` given: it was served)."""
+    @staticmethod
+    def _queued(model: str, pending: Pending) -> QueuedRequest:
+        return QueuedRequest(pending.id, model, pending.arrival, pending.deadline, pending.rows)
+
+    def record(self, runtime: ModelRuntime, outcome: str, arrival: float | None = None, device: str = "cpu") -> None:
+        """Account for a request that ended (``arrival`` given: it was served, on ``device``)."""
         runtime.outcomes[outcome] = runtime.outcomes.get(outcome, 0) + 1
         self.metrics.requests.labels(runtime.name, outcome).inc()
         if arrival is not None:
@@ -214,11 +322,18 @@ class Engine:
             if rt_ms > runtime.sla_ms:
                 self.metrics.violations.labels(runtime.name).inc()
             runtime.times.observe(rt_ms, runtime.sla_ms)
-            runtime.window.add(rt_ms)
+            runtime.devices[device] = runtime.devices.get(device, 0) + 1
+            # The CPU controllers regulate what their executor serves (ROMA Section 4).
+            if device == "cpu":
+                runtime.window.add(rt_ms)
+            if self.gpu_scheduler is not None:
+                self.gpu_scheduler.on_completed(runtime.name, rt_ms)
             self.metrics.request_seconds.labels(runtime.name).observe(rt_ms / 1000)
 
     def set_sla(self, runtime: ModelRuntime, sla_ms: float) -> None:
         runtime.sla_ms = sla_ms
+        if self.gpu_scheduler is not None and runtime.name in self.gpu_scheduler.models:
+            self.gpu_scheduler.models[runtime.name].sla_ms = sla_ms
         self.metrics.sla_seconds.labels(runtime.name).set(sla_ms / 1000)
         log.info("model %s: SLA set to %g ms", runtime.name, sla_ms)
 
@@ -239,29 +354,117 @@ class Engine:
         self._pump()
 
     def _pump(self) -> None:
-        waiting = {name: len(r.queue) for name, r in self.models.items() if r.queue}
-        if not waiting:
-            return
-        free = {name: [e.id for e in self.models[name].executors if e.ready and e.id not in self._busy] for name in waiting}
-        for decision in self.scheduler.assign(waiting, free):
-            runtime = self.models[decision.model]
-            if not runtime.queue:
-                continue
-            executor = next(e for e in runtime.executors if e.id == decision.executor_id)
-            batch = take_batch(runtime.queue, runtime.config.max_batch_size, runtime.signature.batchable)
-            self._busy.add(executor.id)
-            task = asyncio.create_task(self._run_batch(runtime, executor, batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if self.gpu_scheduler is not None:
+            self._pump_gpus()
+        waiting = {name: self._cpu_share(r) for name, r in self.models.items() if r.queue}
+        waiting = {name: n for name, n in waiting.items() if n}
+        if waiting:
+            free = {name: [e.id for e in self.models[name].executors if e.ready and e.id not in self._busy] for name in waiting}
+            for decision in self.scheduler.assign(waiting, free):
+                runtime = self.models[decision.model]
+                share = self._cpu_share(runtime)
+                if not share:
+                    continue
+                executor = next(e for e in runtime.executors if e.id == decision.executor_id)
+                limit = min(runtime.config.max_batch_size, sum(p.rows for p in itertools.islice(runtime.queue, share)))
+                batch = take_batch(runtime.queue, limit, runtime.signature.batchable)
+                self._start_batch(runtime, executor, batch)
         for name, runtime in self.models.items():
             self.metrics.queue_length.labels(name).set(len(runtime.queue))
+
+    def _cpu_share(self, runtime: ModelRuntime) -> int:
+        """How many requests at the head of the queue the CPU may take.
+
+        Without GPUs, all of them. With GPUs, as many as the GPUs' projected capacity cannot
+        finish in time (``gpu_can_finish`` over the whole queue), taken from the head: the
+        oldest go to the CPU, and the requests behind them move up to positions the GPUs can
+        finish. A batch the GPU is deferring on purpose is never taken.
+        """
+        if self.gpu_scheduler is None or runtime.gpu_profile is None:
+            return len(runtime.queue)
+        if not any(e.ready for e in self.gpu_executors):
+            return len(runtime.queue)  # every GPU executor is down: the CPU serves alone
+        now = self.now
+        free_at = min((self._gpu_free_at.get(e.id, now) for e in self.gpu_executors if e.ready), default=now)
+        max_batch = self.gpu_scheduler.models[runtime.name].max_batch
+        return sum(
+            not gpu_can_finish(self._queued(runtime.name, pending), position, now, free_at, runtime.gpu_profile, max_batch)
+            for position, pending in enumerate(runtime.queue)
+        )
+
+    def _pump_gpus(self) -> None:
+        assert self.gpu_scheduler is not None
+        now = self.now
+        for executor in self.gpu_executors:
+            if not executor.ready or executor.id in self._busy:
+                continue
+            while True:
+                queues = {name: [self._queued(name, p) for p in r.queue] for name, r in self.models.items() if r.queue}
+                if not queues:
+                    return
+                decisions = self.gpu_scheduler.decide(now, executor.id, now, queues)
+                for decision in decisions:
+                    if isinstance(decision, Refuse):
+                        self._refuse(self.models[decision.model], {r.id for r in decision.requests})
+                    elif isinstance(decision, Dispatch):
+                        runtime = self.models[decision.model]
+                        batch = take_batch(runtime.queue, decision.rows, runtime.signature.batchable)
+                        self._start_batch(runtime, executor, batch)
+                    elif isinstance(decision, WaitUntil):
+                        self._wake_up_at(decision.time)
+                if any(isinstance(d, Dispatch) for d in decisions):
+                    break  # this GPU is busy now; on to the next
+                if not any(isinstance(d, Refuse) for d in decisions):
+                    return  # nothing to run yet: no other GPU would get another answer
+
+    def _refuse(self, runtime: ModelRuntime, ids: set[int]) -> None:
+        while runtime.queue and runtime.queue[0].id in ids:
+            pending = runtime.queue.popleft()
+            self._fail(
+                runtime,
+                pending,
+                RequestFailed(
+                    f"model '{runtime.name}' could not serve this request within its SLA of {runtime.sla_ms:g} ms "
+                    "(no device could finish it in time); refused before it ran",
+                    503,
+                    "refused_deadline",
+                ),
+            )
+
+    def _wake_up_at(self, when: float) -> None:
+        """Ask the schedulers again at ``when`` (a deferred batch falls due)."""
+        if when >= self._wake_at and self._wake is not None:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_at = when
+
+        def wake() -> None:
+            self._wake, self._wake_at = None, float("inf")
+            self._pump()
+
+        self._wake = asyncio.get_running_loop().call_at(when, wake)
+
+    def _start_batch(self, runtime: ModelRuntime, executor: SupervisedExecutor, batch: list[Pending]) -> None:
+        self._busy.add(executor.id)
+        task = asyncio.create_task(self._run_batch(runtime, executor, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run_batch(self, runtime: ModelRuntime, executor: SupervisedExecutor, batch: list[Pending]) -> None:
         dispatched = self.now
         rows = sum(p.rows for p in batch)
+        on_gpu = executor.device.startswith("gpu")
+        profile = runtime.gpu_profile if on_gpu else runtime.cpu_profile
+        if on_gpu and profile is not None:
+            self._gpu_free_at[executor.id] = dispatched + profile.latency_ms(rows) / 1000
         try:
             outputs, compute_ms = await executor.infer(runtime.name, stack_inputs(batch))
             parts = split_outputs(outputs, batch)
+            if on_gpu and self.gpu_scheduler is not None:
+                self.gpu_scheduler.on_batch_done(runtime.name, rows, compute_ms)
+            elif profile is not None:
+                profile.observe(rows, compute_ms)
         except ExecutorFailed as error:
             for pending in batch:
                 self._fail(runtime, pending, RequestFailed(f"executor {executor.id} failed: {error}", 503, "executor_failed"))
@@ -274,6 +477,7 @@ class Engine:
             return
         finally:
             self._busy.discard(executor.id)
+            self._gpu_free_at.pop(executor.id, None)
             self._pump()
         self.metrics.batch_size.labels(runtime.name).observe(rows)
         self.metrics.compute_seconds.labels(runtime.name).observe(compute_ms / 1000)
@@ -295,7 +499,14 @@ class Engine:
             "queue_length": len(runtime.queue),
             "max_batch_size": runtime.config.max_batch_size if runtime.signature and runtime.signature.batchable else 0,
             "ready": runtime.ready,
-            "executors": [e.describe() for e in runtime.executors],
+            "pinned_cores": self.control.pinned.get(runtime.name) if self.control is not None else None,
+            "executors": [e.describe() for e in runtime.executors + self.gpu_executors],
+            "drop_late": runtime.config.drop_late,
+            "profiles": {
+                device: {"per_item_ms": p.per_item_ms, "fixed_ms": p.fixed_ms}
+                for device, p in (("cpu", runtime.cpu_profile), ("gpu", runtime.gpu_profile))
+                if p is not None
+            },
             "stats": {
                 "requests": times.requests,
                 "mean_rt_ms": times.mean_ms,
@@ -307,5 +518,6 @@ class Engine:
                 "windows": runtime.windows,
                 "core_seconds": self.core_seconds(runtime),
                 "outcomes": dict(runtime.outcomes),
+                "served_on": dict(runtime.devices),
             },
         }

@@ -150,7 +150,7 @@ class Handlers:
             "compute_ms": round(result.compute_ms, 3),
         }
         payload, header_length = encode_infer_response(runtime.name, parsed, result.outputs, runtime.datatypes, parameters)
-        self.engine.record(runtime, "success", arrival)
+        self.engine.record(runtime, "success", arrival, result.executed_on)
         if header_length is None:
             return web.Response(body=payload, content_type="application/json")
         return web.Response(
@@ -165,6 +165,24 @@ class Handlers:
 
     async def admin_model(self, request: web.Request) -> web.Response:
         return web.json_response(self.engine.describe(self._runtime(request)))
+
+    async def admin_pin_cores(self, request: web.Request) -> web.Response:
+        """Pin a model's cores ({"cores": 0.5}) or hand them back to the policy ({"cores": null})."""
+        runtime = self._runtime(request)
+        body = await self._json_body(request)
+        cores = body.get("cores", ...) if isinstance(body, dict) else ...
+        valid = cores is None or (not isinstance(cores, bool) and isinstance(cores, (int, float)) and 0 < cores < float("inf"))
+        if cores is ... or not valid:
+            raise InvalidRequest('the body must be {"cores": N} with N a positive number of cores, or {"cores": null}')
+        assert self.engine.control is not None
+        self.engine.control.pin(runtime.name, None if cores is None else float(cores))
+        return web.json_response(self.engine.describe(runtime))
+
+    async def _json_body(self, request: web.Request) -> object:
+        try:
+            return json.loads(await request.read())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InvalidRequest(f"the body is not valid JSON: {error}") from None
 
     async def admin_history(self, request: web.Request) -> web.Response:
         """One entry per control period: requests, mean response time, SLA, cores demanded and granted."""
@@ -193,10 +211,7 @@ class Handlers:
 
     async def admin_set_sla(self, request: web.Request) -> web.Response:
         runtime = self._runtime(request)
-        try:
-            body = json.loads(await request.read())
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise InvalidRequest(f"the body is not valid JSON: {error}") from None
+        body = await self._json_body(request)
         sla = body.get("sla_ms") if isinstance(body, dict) else None
         if isinstance(sla, bool) or not isinstance(sla, (int, float)) or not 0 < sla < float("inf"):
             raise InvalidRequest('the body must be {"sla_ms": N} with N a positive number of milliseconds')
@@ -226,6 +241,7 @@ def build_app(engine: Engine) -> web.Application:
         web.get("/admin/models/{model}", h.admin_model),
         web.get("/admin/models/{model}/history", h.admin_history),
         web.put("/admin/models/{model}/sla", h.admin_set_sla),
+        web.put("/admin/models/{model}/cores", h.admin_pin_cores),
         web.get("/admin/node", h.admin_node),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):

@@ -58,20 +58,33 @@ class NodeSupervisor:
         reserved_cores: float = 0.0,
         spare_share: float = 0.0,
         now: float = 0.0,
+        tick_s: float = 1.0,
     ):
         self.controllers = dict(controllers)
         self.node_cores, self.reserved_cores, self.spare_share = node_cores, reserved_cores, spare_share
+        self.tick_s = tick_s
         self._demands = dict(initial_cores)
         self._pending = {name: Window() for name in controllers}
         self._due = {name: now + c.period_s for name, c in controllers.items()}
+
+    @property
+    def demands(self) -> dict[str, float]:
+        return dict(self._demands)
+
+    def replace(self, name: str, controller: CoreController, demand: float, now: float) -> None:
+        """Put another controller in charge of a model (an operator's pin, or its release)."""
+        self.controllers[name] = controller
+        self._demands[name] = demand
+        self._pending[name] = Window()
+        self._due[name] = now + controller.period_s
 
     def step(self, now: float, served: Mapping[str, Window], sla_ms: Mapping[str, float]) -> dict[str, Allocation]:
         for name, controller in self.controllers.items():
             window = self._pending[name]
             window.merge(served.get(name, Window()))
-            # A tenth of a period of tolerance: timers fire a little early or late, and a
-            # period must never be skipped for that.
-            if now >= self._due[name] - 0.1 * controller.period_s:
+            # Half a tick of tolerance: timers fire a little early or late, and a period must
+            # never be skipped (nor taken twice) for that.
+            if now >= self._due[name] - self.tick_s / 2:
                 self._demands[name] = controller.demand(window.mean_ms, sla_ms[name], window.cpu_s_per_request)
                 self._pending[name] = Window()
                 self._due[name] = now + controller.period_s

@@ -17,7 +17,7 @@ def example_models() -> Path:
     import make_models
 
     models = EXAMPLES / "models"
-    if not all((models / f"{n}.onnx").exists() for n in ("mlp", "cnn_small", "cnn_large", "ppocr_det")):
+    if not all((models / f"{n}.onnx").exists() for n in ("mlp", "cnn_small", "cnn_large", "ppocr_det", "upconv_xl")):
         make_models.main(["--out", str(models)])
     return models
 

@@ -182,30 +182,9 @@ def random_input(datatype: str, shape: list[int], rng: np.random.Generator) -> n
     return rng.integers(max(info.min, -100), min(info.max, 100), shape, endpoint=True).astype(dtype)
 
 
-def busy_model(path: Path, layers: int = 4, width: int = 64, size: int = 64) -> Path:
-    """x[N,1,8,8] -> upsampled to size x size -> ``layers`` 3x3 convolutions of ``width`` channels -> s[N,1].
+def busy_model(path: Path, layers: int = 4, width: int = 64) -> Path:
+    """The example zoo's upconv model: milliseconds of CPU a request from a 64-float input."""
+    sys.path.insert(0, str(EXAMPLES))
+    import make_models
 
-    Milliseconds of CPU a request from a 64-float input, so a test can load an executor heavily
-    while its client stays cheap.
-    """
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="nearest")]
-    inits = [helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, size / 8, size / 8])]
-    previous, current = 1, "up"
-    for i in range(layers):
-        w = (rng.standard_normal((width, previous, 3, 3)) * 0.1).astype(np.float32)
-        inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(w.shape), w.ravel().tolist()))
-        nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
-        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
-        previous, current = width, f"r{i}"
-    nodes.append(helper.make_node("ReduceMean", [current], ["s"], axes=[1, 2, 3], keepdims=0))
-    nodes.append(helper.make_node("Unsqueeze", ["s", "one"], ["y"]))
-    inits.append(helper.make_tensor("one", TensorProto.INT64, [1], [1]))
-    graph = helper.make_graph(
-        nodes,
-        "busy",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
-        inits,
-    )
-    return save_model(graph, path)
+    return save_model(make_models.upconv(np.random.default_rng(0), "busy", layers, width), path)

@@ -10,9 +10,11 @@ import time
 import aiohttp
 import requests
 
-from tests.helpers import run_gateway, write_config
+from tests.helpers import busy_model, run_gateway, write_config
 
-BODY = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.25] * 512}]}
+# A model that takes milliseconds a batch, so that under load a batch is almost always in
+# flight when the executor is killed.
+BODY = {"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.25] * 64}]}
 
 
 async def _load(base: str, seconds: float, clients: int) -> list[tuple[int, str]]:
@@ -24,17 +26,18 @@ async def _load(base: str, seconds: float, clients: int) -> list[tuple[int, str]
 
         async def client() -> None:
             while time.monotonic() < deadline:
-                async with session.post(f"{base}/v2/models/mlp/infer", json=BODY) as response:
+                async with session.post(f"{base}/v2/models/busy/infer", json=BODY) as response:
                     answers.append((response.status, await response.text()))
 
         await asyncio.gather(*(client() for _ in range(clients)))
     return answers
 
 
-async def test_killed_executor_fails_its_requests_and_comes_back(tmp_models):
-    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 100, "max_batch_size": 8}})
+async def test_killed_executor_fails_its_requests_and_comes_back(tmp_path):
+    busy_model(tmp_path / "busy.onnx")
+    config = write_config(tmp_path / "config.toml", {"busy": {"path": "busy.onnx", "sla_ms": 100, "max_batch_size": 4}})
     with run_gateway(config) as gateway:
-        first_pid = gateway.executor_pid("mlp")
+        first_pid = gateway.executor_pid("busy")
         load = asyncio.create_task(_load(gateway.base, seconds=4.0, clients=8))
         await asyncio.sleep(1.0)
         os.kill(first_pid, signal.SIGKILL)
@@ -44,15 +47,15 @@ async def test_killed_executor_fails_its_requests_and_comes_back(tmp_models):
         assert set(statuses) <= {200, 503}, set(statuses)
         failed = [text for status, text in answers if status == 503]
         assert failed, "a kill under load must fail the batch in flight"
-        assert all("executor cpu-mlp failed" in text for text in failed)
+        assert all("executor cpu-busy failed" in text for text in failed)
         assert statuses.count(200) > len(failed)
 
-        gateway.wait_ready("mlp", timeout=10)
-        model = gateway.admin("mlp")
+        gateway.wait_ready("busy", timeout=10)
+        model = gateway.admin("busy")
         (executor,) = model["executors"]
         assert executor["pid"] != first_pid and executor["restarts"] == 1 and executor["state"] == "ready"
-        assert requests.post(f"{gateway.base}/v2/models/mlp/infer", json=BODY, timeout=10).status_code == 200
+        assert requests.post(f"{gateway.base}/v2/models/busy/infer", json=BODY, timeout=10).status_code == 200
         # Counts add up: every answer the clients saw is in the gateway's accounting.
-        outcomes = gateway.admin("mlp")["stats"]["outcomes"]
+        outcomes = gateway.admin("busy")["stats"]["outcomes"]
         assert outcomes["success"] == statuses.count(200) + 1
         assert outcomes["executor_failed"] == len(failed)

@@ -1,0 +1,163 @@
+"""The GPU scheduler: what a free GPU runs next (ROMA Algorithm 1 with Symphony's deferral).
+
+Driven by events and a clock, returning decisions (DESIGN.md, principle 1): the gateway calls
+``decide`` when a GPU is free (at start, after each batch, on an arrival, at a ``WaitUntil``)
+and carries out what comes back. Policies, chosen in the config so that they can be compared
+side by side (``gateway simulate``):
+
+- ``deferral`` (the default): Symphony's non-work-conserving rule decides which candidates are
+  schedulable (Section 4.3); among them the model with the largest ROMA deficit wins
+  (Algorithm 1), ties going to the earliest sched_at. With none schedulable the GPU waits until
+  the earliest sched_at or the next arrival.
+- ``roma``: ROMA's deficit choice with no deferral (every non-empty candidate is schedulable).
+- ``work_conserving``: Symphony's work-conserving policy: no deferral, earliest sched_at first.
+- ``edf``: Clockwork-like earliest deadline first, no deferral.
+
+Every policy forms batches the same way (``schedulers.candidate``) and sets aside the requests
+that cannot finish in time, which the gateway refuses (``Refuse``) or serves late.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from schedulers.candidate import Candidate, QueuedRequest, form_candidate
+from schedulers.deficit import QUEUE_WEIGHT, SETPOINT_RATIO, deficit, estimated_response_ms
+from schedulers.profiles import LatencyProfile
+from schedulers.rate import ArrivalRate
+
+POLICIES = ("deferral", "roma", "work_conserving", "edf")
+# ROMA's authors average the last 50 completed requests for the measured response time.
+RECENT = 50
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Run the first ``size`` requests (``rows`` rows) of ``model``'s queue on ``gpu``."""
+
+    model: str
+    gpu: str
+    size: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """These requests cannot meet their deadline: answer them with an error now."""
+
+    model: str
+    requests: tuple[QueuedRequest, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class WaitUntil:
+    """Nothing is schedulable yet: ask again at ``time`` (or at the next arrival)."""
+
+    time: float
+
+
+Decision = Dispatch | Refuse | WaitUntil
+
+
+@dataclass
+class GpuModel:
+    sla_ms: float
+    max_batch: int
+    profile: LatencyProfile
+    drop_late: bool = True
+    rate: ArrivalRate = field(default_factory=ArrivalRate)
+    recent_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=RECENT))
+
+
+class GpuScheduler:
+    def __init__(self, policy: str = "deferral", setpoint_ratio: float = SETPOINT_RATIO, queue_weight: float = QUEUE_WEIGHT):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown GPU policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.policy = policy
+        self.setpoint_ratio, self.queue_weight = setpoint_ratio, queue_weight
+        self.models: dict[str, GpuModel] = {}
+
+    def add_model(self, name: str, sla_ms: float, max_batch: int, profile: LatencyProfile, drop_late: bool = True) -> None:
+        self.models[name] = GpuModel(sla_ms, max_batch, profile, drop_late)
+
+    # -- events -----------------------------------------------------------------------------
+    def on_arrival(self, model: str, now: float) -> None:
+        self.models[model].rate.observe(now)
+
+    def on_batch_done(self, model: str, rows: int, latency_ms: float) -> None:
+        self.models[model].profile.observe(rows, latency_ms)
+
+    def on_completed(self, model: str, response_ms: float) -> None:
+        self.models[model].recent_ms.append(response_ms)
+
+    # -- decisions --------------------------------------------------------------------------
+    def candidates(self, now: float, start: float, queues: Mapping[str, Sequence[QueuedRequest]]) -> dict[str, Candidate]:
+        out = {}
+        for name, queue in queues.items():
+            if not queue:
+                continue
+            state = self.models[name]
+            candidate = form_candidate(
+                name,
+                queue,
+                state.profile,
+                max_batch=state.max_batch,
+                now=now,
+                start=start,
+                arrival_rate=state.rate.per_second(now),
+                defer=self.policy == "deferral",
+                prune=state.drop_late,
+            )
+            if candidate is not None:
+                out[name] = candidate
+        return out
+
+    def model_deficit(self, name: str, queue: Sequence[QueuedRequest], now: float) -> float:
+        state = self.models[name]
+        waited = [(now - r.arrival) * 1000 for r in queue]
+        estimated = estimated_response_ms(waited, state.profile.latency_ms(1))
+        measured = sum(state.recent_ms) / len(state.recent_ms) if state.recent_ms else None
+        return deficit(estimated, measured, state.sla_ms, self.setpoint_ratio, self.queue_weight)
+
+    def decide(self, now: float, gpu: str, gpu_free_at: float, queues: Mapping[str, Sequence[QueuedRequest]]) -> list[Decision]:
+        """What ``gpu`` (free at ``gpu_free_at``) should do now."""
+        start = max(now, gpu_free_at)
+        candidates = self.candidates(now, start, queues)
+        decisions: list[Decision] = [
+            Refuse(name, c.hopeless, "cannot finish before its deadline") for name, c in candidates.items() if c.hopeless
+        ]
+        ready = {name: c for name, c in candidates.items() if c.size > 0 and c.schedulable}
+        if ready:
+            if self.policy in ("deferral", "roma"):
+                skip = {name: len(candidates[name].hopeless) for name in ready}
+                deficits = {name: self.model_deficit(name, queues[name][skip[name] :], now) for name in ready}
+                chosen = min(ready, key=lambda n: (-deficits[n], ready[n].sched_at))
+            elif self.policy == "work_conserving":
+                chosen = min(ready, key=lambda n: ready[n].sched_at)
+            else:
+                chosen = min(ready, key=lambda n: ready[n].deadline)
+            candidate = ready[chosen]
+            decisions.append(Dispatch(chosen, gpu, candidate.size, candidate.rows))
+            return decisions
+        waiting = [c.sched_at for c in candidates.values() if c.size > 0]
+        if waiting:
+            decisions.append(WaitUntil(max(now, min(waiting))))
+        return decisions
+
+
+def gpu_can_finish(
+    request: QueuedRequest, position: int, now: float, gpu_free_at: float, profile: LatencyProfile, max_batch: int
+) -> bool:
+    """Whether the GPUs' projected capacity serves the request at ``position`` of its queue in time.
+
+    The projection: the earliest GPU starts the queue at max(now, gpu_free_at) and works through
+    it in full batches. The CPU scheduler takes from a queue only requests for which this is
+    false, so CPU executors never starve a batch the GPU is deferring on purpose
+    (../shared/DESIGN.md, open questions).
+    """
+    rounds = position // max_batch + 1
+    finish = max(now, gpu_free_at) + rounds * profile.latency_ms(max_batch) / 1000
+    return finish <= request.deadline

@@ -1,0 +1,122 @@
+"""Hand-made scenarios through the GPU scheduler on a fake clock, asserting the exact decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedulers.admission import admissible
+from schedulers.candidate import QueuedRequest, form_candidate
+from schedulers.deficit import deficit, estimated_response_ms
+from schedulers.gpu import Dispatch, GpuScheduler, Refuse, WaitUntil, gpu_can_finish
+from schedulers.profiles import LatencyProfile
+
+
+def requests(model: str, arrivals: list[float], sla_s: float, first_id: int = 1) -> list[QueuedRequest]:
+    return [QueuedRequest(first_id + i, model, t, t + sla_s) for i, t in enumerate(arrivals)]
+
+
+def linear(per_item_ms: float, fixed_ms: float) -> LatencyProfile:
+    return LatencyProfile(per_item_ms, fixed_ms)
+
+
+def test_the_model_with_the_largest_deficit_wins():
+    scheduler = GpuScheduler("roma")
+    scheduler.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    scheduler.add_model("b", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    now = 1.0
+    # a's requests waited 10 ms, b's 85 ms: b is over its set point (80 ms), a is not.
+    queues = {"a": requests("a", [0.99, 0.99], 0.1), "b": requests("b", [0.915], 0.1, first_id=10)}
+    assert scheduler.decide(now, "gpu:0", now, queues) == [Dispatch("b", "gpu:0", 1, 1)]
+    # Measured response times count too (ROMA's w = beta E + (1 - beta) R): a has been slow.
+    for _ in range(5):
+        scheduler.on_completed("a", 300.0)
+    assert scheduler.decide(now, "gpu:0", now, queues) == [Dispatch("a", "gpu:0", 2, 2)]
+
+
+def test_deficit_follows_algorithm_1():
+    # Queue waited 10, 20, 30 ms with a 5 ms GPU time: E = mean(10 + 0, 20 + 5, 30 + 10) = 25.
+    assert estimated_response_ms([10, 20, 30], 5) == pytest.approx(25)
+    assert deficit(25, None, sla_ms=100) == 0.0  # under the 80 ms set point
+    assert deficit(100, 140, sla_ms=100, queue_weight=0.5) == pytest.approx((120 - 80) / 80)
+
+
+def test_a_candidate_below_beta_lambda_waits_until_sched_at():
+    scheduler = GpuScheduler("deferral")
+    profile = linear(1, 10)  # fixed cost beta = 10 ms
+    scheduler.add_model("m", sla_ms=50, max_batch=16, profile=profile)
+    # 1000 arrivals in the last second: beta x lambda = 10 ms x 1000/s = 10 requests.
+    for i in range(1000):
+        scheduler.on_arrival("m", 0.1 + i * 1e-6)
+    now = 0.101
+    queue = requests("m", [0.1, 0.1005], 0.05)
+    decisions = scheduler.decide(now, "gpu:0", now, {"m": queue})
+    sched_at = 0.15 - profile.latency_ms(3) / 1000  # deadline of the first - l(|reqs| + 1)
+    assert decisions == [WaitUntil(pytest.approx(sched_at))]
+    # At sched_at the same candidate goes.
+    assert scheduler.decide(sched_at, "gpu:0", sched_at, {"m": queue}) == [Dispatch("m", "gpu:0", 2, 2)]
+
+
+def test_work_conserving_dispatches_at_once():
+    scheduler = GpuScheduler("work_conserving")
+    scheduler.add_model("m", sla_ms=50, max_batch=16, profile=linear(1, 10))
+    for i in range(1000):
+        scheduler.on_arrival("m", 0.1 + i * 1e-6)
+    queue = requests("m", [0.1, 0.1005], 0.05)
+    assert scheduler.decide(0.101, "gpu:0", 0.101, {"m": queue}) == [Dispatch("m", "gpu:0", 2, 2)]
+
+
+def test_infeasible_requests_are_pruned():
+    scheduler = GpuScheduler("deferral")
+    scheduler.add_model("m", sla_ms=20, max_batch=16, profile=linear(2, 6))
+    now = 0.100
+    # The GPU is free at 0.107. Request 1 (deadline 0.105) cannot finish even alone (l(1) = 8 ms);
+    # of requests 2-4 only two fit before request 2's deadline 0.118 (0.107 + l(2) = 0.117,
+    # 0.107 + l(3) = 0.119).
+    queue = [
+        QueuedRequest(1, "m", 0.085, 0.105),
+        QueuedRequest(2, "m", 0.098, 0.118),
+        QueuedRequest(3, "m", 0.099, 0.119),
+        QueuedRequest(4, "m", 0.0995, 0.1195),
+    ]
+    decisions = scheduler.decide(now, "gpu:0", now + 0.007, {"m": queue})
+    assert decisions[0] == Refuse("m", (queue[0],), "cannot finish before its deadline")
+    assert decisions[1] == Dispatch("m", "gpu:0", 2, 2)  # pruned to two, it cannot grow: it goes
+    # From a GPU free now all three fit (0.100 + l(3) = 0.112), and the batch may still grow.
+    candidate = form_candidate("m", queue[1:], linear(2, 6), max_batch=16, now=now, start=now, arrival_rate=0, defer=True)
+    assert candidate.size == 3 and candidate.hopeless == ()
+
+
+def test_a_hopeless_request_is_refused_at_admission():
+    gpu, cpu = linear(1, 30), linear(5, 40)
+    late = QueuedRequest(1, "m", 0.0, 0.020)  # 20 ms SLA; the fastest device needs 31 ms
+    ok = QueuedRequest(2, "m", 0.0, 0.050)
+    assert not admissible(late, 0.0, [gpu, cpu])
+    assert admissible(ok, 0.0, [gpu, cpu])
+
+
+def test_edf_takes_the_earliest_deadline():
+    scheduler = GpuScheduler("edf")
+    scheduler.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    scheduler.add_model("b", sla_ms=30, max_batch=8, profile=linear(1, 5))
+    queues = {"a": requests("a", [0.0], 0.1), "b": requests("b", [0.05], 0.03, first_id=5)}
+    assert scheduler.decide(0.051, "gpu:0", 0.051, queues) == [Dispatch("b", "gpu:0", 1, 1)]
+
+
+def test_profile_learns_a_rolling_high_percentile_and_fits_unseen_sizes():
+    profile = LatencyProfile(per_item_ms=1.0, fixed_ms=5.0, window=3)
+    assert profile.latency_ms(4) == 9.0  # the seed
+    for latency in (10.0, 12.0, 11.0, 30.0):
+        profile.observe(4, latency)  # the window keeps the last three: 12, 11, 30
+    assert profile.latency_ms(4) == pytest.approx(30.0, rel=0.02)  # read at p99
+    profile.observe(8, 40.0)
+    # Two sizes measured: the fit through (4, ~30) and (8, 40) answers for 16.
+    assert profile.latency_ms(16) == pytest.approx(40 + 8 * (40 - profile.latency_ms(4)) / 4, rel=1e-6)
+
+
+def test_cpu_takes_only_what_the_gpu_cannot_finish():
+    profile = linear(1, 9)  # a batch of 8 takes 17 ms
+    soon = QueuedRequest(1, "m", 0.0, 0.030)
+    assert gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.010, profile=profile, max_batch=8)
+    assert not gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.015, profile=profile, max_batch=8)
+    # Deep in the queue it waits for a second GPU batch.
+    assert not gpu_can_finish(soon, 8, now=0.0, gpu_free_at=0.0, profile=profile, max_batch=8)

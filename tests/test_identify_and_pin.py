@@ -1,0 +1,79 @@
+"""Pinning a model's cores through the admin API, and the `gateway identify` step test built on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import requests
+
+from tests.helpers import ROOT, busy_model, run_gateway
+
+
+def _config(tmp_path, policy: str = "pi") -> None:
+    busy_model(tmp_path / "busy.onnx", layers=3, width=48)
+    (tmp_path / "config.toml").write_text(
+        f"""
+[node]
+cpu_cores = 1.5
+[control]
+policy = "{policy}"
+[models.busy]
+path = "busy.onnx"
+sla_ms = 100
+cpu = {{ cores = 0.3, min_cores = 0.1, max_cores = 1.5, threads = 1 }}
+"""
+    )
+
+
+def test_pin_and_release_cores(tmp_path):
+    _config(tmp_path)
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        url = f"{gateway.base}/admin/models/busy/cores"
+        for bad in ({"cores": -1}, {"cores": "many"}, {"cores": True}, {}, [2]):
+            response = requests.put(url, json=bad, timeout=10)
+            assert response.status_code == 400, bad
+            assert "cores" in response.json()["error"]
+        assert requests.put(f"{gateway.base}/admin/models/nope/cores", json={"cores": 1}, timeout=10).status_code == 404
+        # More than the node has: the supervisor fits it to the node (eta < 1).
+        pinned = requests.put(url, json={"cores": 4.0}, timeout=10).json()
+        assert pinned["pinned_cores"] == 4.0 and pinned["executors"][0]["cores"] == 1.5
+        released = requests.put(url, json={"cores": None}, timeout=10).json()
+        assert released["pinned_cores"] is None
+        node = requests.get(f"{gateway.base}/admin/node", timeout=10).json()
+        assert node["control"]["policy"] == "pi" and node["cpu_cores"] == 1.5
+
+
+def test_identify_measures_a_positive_gain_near_the_model_based_one(tmp_path):
+    _config(tmp_path, policy="fixed")
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "identify",
+                gateway.base,
+                "--model",
+                "busy",
+                "--rate",
+                "40",
+                "--cores",
+                "0.3,0.9",
+                "--seconds",
+                "6",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        low, high = result["steps"]
+        assert low["mean_rt_ms"] > high["mean_rt_ms"]  # more cores answered faster
+        assert result["gain"] > 0
+        assert "plant = { gain" in done.stderr
+        # The model was handed back to its policy.
+        assert gateway.admin("busy")["pinned_cores"] is None
