@@ -44,7 +44,7 @@ DATA = ROOT.parent / "shared" / "data"
 MODELS = ROOT / "examples" / "models"
 STAND_INS = {"Skylines": "upconv_s", "GoogLeNet": "upconv_m", "ResNet": "upconv_l", "VGG16": "upconv_xl"}
 NODE_CORES = 1.5
-SYSTEMS = {"pi": "RR+CT", "rules": "RR+rules", "max": "RR+max", "min": "RR+min"}
+SYSTEMS = {"pi": "RR+CT", "rules": "RR+rules", "max": "RR+max", "min": "RR+min", "pi@0.5": "RR+CT"}
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
 
 
@@ -62,7 +62,9 @@ def paper_table() -> dict[tuple[str, str], dict]:
         return {(r["test"], r["system"]): r for r in csv.DictReader(handle)}
 
 
-def write_config(path: Path, apps: list[dict], policy: str, port: int) -> None:
+def write_config(path: Path, apps: list[dict], system: str, port: int) -> None:
+    """A system is a control policy, optionally with its set point: "pi@0.5" is PI at alpha = 0.5."""
+    policy, _, alpha = system.partition("@")
     lines = [
         "[server]",
         f"port = {port}",
@@ -70,6 +72,7 @@ def write_config(path: Path, apps: list[dict], policy: str, port: int) -> None:
         f"cpu_cores = {NODE_CORES}",
         "[control]",
         f'policy = "{policy}"',
+        *([f"setpoint_ratio = {alpha}"] if alpha else []),
         "",
     ]
     # RR+min: 1/6 of the node for all models together (the paper's 1 core of 6 per worker).

@@ -72,6 +72,9 @@ class GpuConfig:
     policy: str = "deferral"
     queue_weight: float = 0.5  # ROMA's beta
     profile: Path | None = None  # CSV (model, alpha_ms, beta_ms): the emulated GPU's l(b)
+    # How CPU executors share a queue with the GPUs: "spill" takes only what the GPUs' projected
+    # capacity cannot finish in time; "greedy" takes anything (work-conserving, for comparison).
+    cpu_sharing: str = "spill"
     profiles: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
@@ -210,6 +213,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         executor=gpu_table.get("executor", str, "cuda"),
         policy=gpu_table.get("policy", str, "deferral"),
         queue_weight=gpu_table.get("queue_weight", float, 0.5),
+        cpu_sharing=gpu_table.get("cpu_sharing", str, "spill"),
         profile=(base / profile_path)
         if profile_path and not Path(profile_path).is_absolute()
         else (Path(profile_path) if profile_path else None),
@@ -218,6 +222,8 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raise ConfigError(source, "gpu.executor", f"unknown executor {gpu.executor!r} (known: {', '.join(GPU_EXECUTORS)})")
     if gpu.policy not in GPU_POLICIES:
         raise ConfigError(source, "gpu.policy", f"unknown policy {gpu.policy!r} (known: {', '.join(GPU_POLICIES)})")
+    if gpu.cpu_sharing not in ("spill", "greedy"):
+        raise ConfigError(source, "gpu.cpu_sharing", f"must be spill or greedy, got {gpu.cpu_sharing!r}")
     if not 0 <= gpu.queue_weight <= 1:
         raise ConfigError(source, "gpu.queue_weight", f"must be between 0 and 1, got {gpu.queue_weight}")
     if gpu.executor == "emulated" and node.gpus:

@@ -380,7 +380,7 @@ class Engine:
         oldest go to the CPU, and the requests behind them move up to positions the GPUs can
         finish. A batch the GPU is deferring on purpose is never taken.
         """
-        if self.gpu_scheduler is None or runtime.gpu_profile is None:
+        if self.gpu_scheduler is None or runtime.gpu_profile is None or self.config.gpu.cpu_sharing == "greedy":
             return len(runtime.queue)
         if not any(e.ready for e in self.gpu_executors):
             return len(runtime.queue)  # every GPU executor is down: the CPU serves alone
