@@ -195,7 +195,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     result = asyncio.run(_run(args))
     latency = result["latency_ms"]
     print(

@@ -1,9 +1,10 @@
-"""The ``gateway`` command: ``serve`` and ``bench``."""
+"""The ``gateway`` command: ``serve``, ``bench``, ``identify`` and ``simulate``."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import sys
 
@@ -33,22 +34,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from gateway.bench import run_bench
-
-    return run_bench(args)
-
-
-def _identify(args: argparse.Namespace) -> int:
-    from gateway.identify import run_identify
-
-    return run_identify(args)
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from gateway.simulate import run_simulate
-
-    return run_simulate(args)
+# Sub-commands other than serve: (module, help); each module has add_arguments(parser) and run(args).
+COMMANDS = {
+    "bench": ("gateway.bench", "drive load against a running gateway"),
+    "identify": ("gateway.identify", "step test of a model's cores on a running gateway: measures k"),
+    "simulate": ("gateway.simulate", "the GPU scheduler on a virtual clock against emulated GPUs"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,26 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="INFO")
     serve.set_defaults(run=_serve)
 
-    bench = commands.add_parser("bench", help="drive load against a running gateway")
-    from gateway.bench import add_arguments
-
-    add_arguments(bench)
-    bench.add_argument("--log-level", default="WARNING")
-    bench.set_defaults(run=_bench)
-
-    identify = commands.add_parser("identify", help="step test of a model's cores on a running gateway: measures k")
-    from gateway.identify import add_arguments as add_identify_arguments
-
-    add_identify_arguments(identify)
-    identify.add_argument("--log-level", default="WARNING")
-    identify.set_defaults(run=_identify)
-
-    simulate = commands.add_parser("simulate", help="the GPU scheduler on a virtual clock against emulated GPUs")
-    from gateway.simulate import add_arguments as add_simulate_arguments
-
-    add_simulate_arguments(simulate)
-    simulate.add_argument("--log-level", default="WARNING")
-    simulate.set_defaults(run=_simulate)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = commands.add_parser(name, help=help_text)
+        module.add_arguments(command)
+        command.add_argument("--log-level", default="WARNING")
+        command.set_defaults(run=module.run)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

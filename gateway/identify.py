@@ -74,7 +74,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "sla_ms": sla_ms, "steps": points, "gain": k}
 
 
-def run_identify(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     result = asyncio.run(_run(args))
     print(json.dumps(result, indent=2))
     print(

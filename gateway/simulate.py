@@ -183,7 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="write the results as JSON here")
 
 
-def run_simulate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     zoo = load_zoo(args.zoo)
     results = []
     for policy in args.policies.split(","):
@@ -202,4 +202,4 @@ def run_simulate(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    sys.exit(run_simulate(parser.parse_args()))
+    sys.exit(run(parser.parse_args()))

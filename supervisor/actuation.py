@@ -43,28 +43,29 @@ def quota_us(cores: float, period_us: int) -> int:
     return max(MIN_QUOTA_US, round(cores * period_us))
 
 
-class CgroupV1Actuator:
-    name = "cgroup-v1"
+class _CgroupActuator:
+    """A cgroup per executor under ``base``; the subclasses say how a group's quota is written."""
 
-    def __init__(self, root: Path = CGROUP_V1_CPU, period_us: int = CFS_PERIOD_US):
-        self.base = root / f"gateway-{os.getpid()}"
-        self.period_us = period_us
+    name = "cgroup"
+
+    def __init__(self, base: Path, period_us: int):
+        self.base, self.period_us = base, period_us
         self.base.mkdir(exist_ok=True)
 
     def _group(self, executor_id: str) -> Path:
         group = self.base / executor_id
         if not group.exists():
             group.mkdir()
-            (group / "cpu.cfs_period_us").write_text(str(self.period_us))
+            self._configure(group)
         return group
+
+    def _configure(self, group: Path) -> None:
+        """Settings a new group needs before its first quota."""
 
     def attach(self, executor_id: str, pid: int) -> None:
         # cgroup.procs moves every thread of the process; threads made later stay in the group.
         (self._group(executor_id) / "cgroup.procs").write_text(str(pid))
 
-    def apply(self, executor_id: str, cores: float) -> None:
-        (self._group(executor_id) / "cpu.cfs_quota_us").write_text(str(quota_us(cores, self.period_us)))
-
     def close(self) -> None:
         for group in sorted(self.base.glob("*/"), reverse=True):
             with contextlib.suppress(OSError):
@@ -73,35 +74,31 @@ class CgroupV1Actuator:
             self.base.rmdir()
 
 
-class CgroupV2Actuator:
+class CgroupV1Actuator(_CgroupActuator):
+    name = "cgroup-v1"
+
+    def __init__(self, root: Path = CGROUP_V1_CPU, period_us: int = CFS_PERIOD_US):
+        super().__init__(root / f"gateway-{os.getpid()}", period_us)
+
+    def _configure(self, group: Path) -> None:
+        (group / "cpu.cfs_period_us").write_text(str(self.period_us))
+
+    def apply(self, executor_id: str, cores: float) -> None:
+        (self._group(executor_id) / "cpu.cfs_quota_us").write_text(str(quota_us(cores, self.period_us)))
+
+
+class CgroupV2Actuator(_CgroupActuator):
     name = "cgroup-v2"
 
     def __init__(self, root: Path = CGROUP_V2, period_us: int = CFS_PERIOD_US):
         own = Path((Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]).lstrip("/"))
         parent = root / own.parent if own.name else root
-        self.base = parent / f"gateway-{os.getpid()}"
-        self.period_us = period_us
-        self.base.mkdir(exist_ok=True)
+        super().__init__(parent / f"gateway-{os.getpid()}", period_us)
         (parent / "cgroup.subtree_control").write_text("+cpu")
         (self.base / "cgroup.subtree_control").write_text("+cpu")
 
-    def _group(self, executor_id: str) -> Path:
-        group = self.base / executor_id
-        group.mkdir(exist_ok=True)
-        return group
-
-    def attach(self, executor_id: str, pid: int) -> None:
-        (self._group(executor_id) / "cgroup.procs").write_text(str(pid))
-
     def apply(self, executor_id: str, cores: float) -> None:
         (self._group(executor_id) / "cpu.max").write_text(f"{quota_us(cores, self.period_us)} {self.period_us}")
-
-    def close(self) -> None:
-        for group in sorted(self.base.glob("*/"), reverse=True):
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        with contextlib.suppress(OSError):
-            self.base.rmdir()
 
 
 class AffinityActuator:
