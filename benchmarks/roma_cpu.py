@@ -104,8 +104,8 @@ async def drive(base: str, apps: list[dict], step_s: float, seed: int) -> dict[s
                 ) as r:
                     await r.read()
                     status = r.status
-            except aiohttp.ClientError:
-                status = 0
+            except (TimeoutError, aiohttp.ClientError):
+                status = 0  # no answer within the client's timeout: counted as an error
             results[model].append((sent - start, (time.monotonic() - sent) * 1000, status))
 
         async def model_load(app: dict, rng: random.Random) -> None:
@@ -158,7 +158,7 @@ def run_system(test: str, apps: list[dict], policy: str, step_s: float, seed: in
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
 
-    latencies = [lat for rows in results.values() for _, lat, status in rows if status == 200]
+    latencies = [lat for rows in results.values() for _, lat, status in rows if status == 200] or [float("nan")]
     errors = sum(1 for rows in results.values() for *_, status in rows if status != 200)
     per_request = sum(
         1 for app in apps for _, lat, status in results[STAND_INS[app["app"]]] if status == 200 and lat > app["sla_ms"]
@@ -186,7 +186,11 @@ def main() -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--table", action="store_true", help="only print the table of the results so far")
     args = parser.parse_args()
+    if args.table:
+        table_only()
+        return 0
     missing = [m for m in STAND_INS.values() if not (MODELS / f"{m}.onnx").exists()]
     if missing:
         raise SystemExit(f"missing models {missing}: run python examples/make_models.py")
@@ -209,18 +213,38 @@ def main() -> int:
     return 0
 
 
+def table_only() -> None:
+    """Print the table again from benchmarks/work/roma_cpu.json (python benchmarks/roma_cpu.py --table)."""
+    print_table(json.loads((WORK / "roma_cpu.json").read_text()))
+
+
+def coarse_violations(row: dict, seconds: int = 10) -> int:
+    """Windows of ``seconds`` control periods whose request-weighted mean response time was over
+    the SLA. ROMA's Table 2 counts violations in tens, which suggests 10 s windows."""
+    count = 0
+    for model in row["per_model"].values():
+        history = [h for h in model["history"] if h["requests"]]
+        for start in range(0, len(history), seconds):
+            chunk = history[start : start + seconds]
+            served = sum(h["requests"] for h in chunk)
+            if served and sum(h["mean_rt_ms"] * h["requests"] for h in chunk) / served > model["sla_ms"]:
+                count += 1
+    return count
+
+
 def print_table(rows: list[dict]) -> None:
     paper = paper_table()
     print(
-        "\n| test | system | mean ms | max ms | std ms | V (1 s windows) | V (requests) | core-s "
+        "\n| test | system | mean ms | max ms | std ms | V (1 s windows) | V (10 s windows) | V (requests) | core-s "
         "| paper: mean s | max s | std s | V | core-s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in sorted(rows, key=lambda r: (r["test"], list(SYSTEMS).index(r["system"]))):
         p = paper[(row["test"], SYSTEMS[row["system"]])]
         print(
             f"| {row['test']} | {SYSTEMS[row['system']]} ({row['system']}) | {row['mean_rt_ms']:.1f} | {row['max_rt_ms']:.0f} | "
-            f"{row['std_rt_ms']:.1f} | {row['window_violations']} | {row['request_violations']} | {row['core_seconds']:.0f} | "
+            f"{row['std_rt_ms']:.1f} | {row['window_violations']} | {coarse_violations(row)} | {row['request_violations']} | "
+            f"{row['core_seconds']:.0f} | "
             f"{p['avg_rt_s']} | {p['max_rt_s']} | {p['std_rt_s']} | {p['violations']} | {p['core_seconds']} |"
         )
 

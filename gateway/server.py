@@ -286,5 +286,8 @@ async def serve(config: GatewayConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
-    await runner.cleanup()
+    # Stop listening, then end every queued and running request (they are answered 503), and
+    # only then close the HTTP side: its handlers are waiting on exactly those requests.
+    await site.stop()
     await engine.stop()
+    await runner.cleanup()
