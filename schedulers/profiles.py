@@ -12,12 +12,30 @@ completed batch.
 from __future__ import annotations
 
 import collections
-
-import numpy as np
+from collections.abc import Sequence
 
 # Clockwork's controller keeps the last 10 measurements per batch size, read at the 99th percentile.
 WINDOW = 10
 PERCENTILE = 99.0
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """numpy's default (linear) percentile, in plain Python: the windows here hold ten samples,
+    where numpy's call overhead would cost more than the arithmetic."""
+    ordered = sorted(samples)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope and intercept of y = slope x + intercept."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    return slope, mean_y - slope * mean_x
 
 
 class LatencyProfile:
@@ -31,14 +49,14 @@ class LatencyProfile:
     def observe(self, batch_size: int, latency_ms: float) -> None:
         samples = self._samples.setdefault(batch_size, collections.deque(maxlen=self.window))
         samples.append(latency_ms)
-        self._read[batch_size] = float(np.percentile(samples, self.percentile))
+        self._read[batch_size] = percentile(samples, self.percentile)
         self._refit()
 
     def _refit(self) -> None:
         sizes = sorted(self._read)
         if len(sizes) >= 2:
-            slope, intercept = np.polyfit(sizes, [self._read[b] for b in sizes], 1)
-            self._fit = (max(float(slope), 0.0), max(float(intercept), 0.0))
+            slope, intercept = fit_line(sizes, [self._read[b] for b in sizes])
+            self._fit = (max(slope, 0.0), max(intercept, 0.0))
         else:
             # One batch size measured: keep the seed's slope, move the fixed cost to match it.
             (b,) = sizes

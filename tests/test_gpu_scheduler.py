@@ -120,3 +120,15 @@ def test_cpu_takes_only_what_the_gpu_cannot_finish():
     assert not gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.015, profile=profile, max_batch=8)
     # Deep in the queue it waits for a second GPU batch.
     assert not gpu_can_finish(soon, 8, now=0.0, gpu_free_at=0.0, profile=profile, max_batch=8)
+
+
+def test_plain_percentile_and_fit_agree_with_numpy():
+    import numpy as np
+
+    from schedulers.profiles import fit_line, percentile
+
+    samples = [12.0, 11.0, 30.0, 7.5, 9.25]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(samples, q) == pytest.approx(float(np.percentile(samples, q)))
+    xs, ys = [1, 2, 4, 8], [3.1, 4.9, 9.2, 17.0]
+    assert fit_line(xs, ys) == pytest.approx(tuple(np.polyfit(xs, ys, 1)))
