@@ -104,7 +104,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: 
     outcome.add(status, (time.perf_counter() - started) * 1000)
 
 
-async def _open_loop(session: aiohttp.ClientSession, url: str, body: bytes, times: list[float], bar: tqdm | None) -> Outcome:
+async def open_loop(session: aiohttp.ClientSession, url: str, body: bytes, times: list[float], bar: tqdm | None) -> Outcome:
     outcome = Outcome()
     outstanding: set[asyncio.Task[None]] = set()
     start = time.perf_counter()
@@ -186,7 +186,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             steps = parse_steps(args.steps) if args.steps else [(args.rate, args.duration)]
             times = arrival_times(steps, random.Random(args.seed))
             bar = None if args.quiet else tqdm(total=len(times), desc="requests", unit="req", file=sys.stderr)
-            outcome = await _open_loop(session, url, body, times, bar)
+            outcome = await open_loop(session, url, body, times, bar)
         if bar is not None:
             bar.close()
         result = summarize(outcome, time.perf_counter() - started)

@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 
 from controllers.identification import StepPoint, gain_from_step
-from gateway.bench import _open_loop, arrival_times, request_body
+from gateway.bench import arrival_times, open_loop, request_body
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ async def _step(
         if response.status != 200:
             raise SystemExit(f"gateway identify: pinning {cores} cores failed: {await response.text()}")
     times = arrival_times([(args.rate, args.seconds)], random.Random(0))
-    await _open_loop(session, f"{base}/v2/models/{model}/infer", body, times, None)
+    await open_loop(session, f"{base}/v2/models/{model}/infer", body, times, None)
     async with session.get(f"{base}/admin/models/{model}/history") as response:
         history = (await response.json())["history"]
     measured = [h for h in history[-int(args.seconds / 2) :] if h["requests"]]
