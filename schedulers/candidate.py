@@ -9,6 +9,13 @@ serves them late, per the model's config).
     sched_at      = dl(reqs) - l(|reqs| + 1)    the last moment to grow the batch by one
     invalid_after = dl(reqs) - l(|reqs|)        past this the candidate itself misses
 
+Under overload the head of the queue has little slack left, and cutting every batch to the
+head's deadline makes batches of one or two that waste the GPU on fixed costs, so the queue
+falls further behind and goodput collapses (measured: docs/BENCHMARKS.md). The candidate
+therefore also sets aside the first few requests when skipping them lets one batch serve more
+requests in time than they are (``early_drop``): a request is dropped only to save more than
+itself, and never while the head's own deadline leaves room for the whole queue.
+
 A candidate is schedulable (the non-work-conserving rule) when it holds at least beta x lambda
 requests (beta: the profile's fixed cost, lambda: the arrival rate), or when now >= sched_at;
 a work-conserving scheduler treats every candidate as schedulable.
@@ -56,6 +63,32 @@ def hopeless_requests(queue: Sequence[QueuedRequest], profile: LatencyProfile, s
     return out
 
 
+# How far into the queue an early drop looks for a better batch start.
+EARLY_DROP_SCAN = 64
+
+
+def batch_capacity(request: QueuedRequest, profile: LatencyProfile, start: float, max_batch: int) -> int:
+    """How many rows a batch that starts at ``start`` may hold and still meet ``request``'s deadline."""
+    slack_ms = (request.deadline - start) * 1000 - profile.fixed_ms
+    if slack_ms < 0:
+        return 0
+    if profile.per_item_ms <= 0:
+        return max_batch
+    return min(max_batch, int(slack_ms / profile.per_item_ms))
+
+
+def early_drop(queue: Sequence[QueuedRequest], profile: LatencyProfile, start: float, max_batch: int) -> int:
+    """How many requests at the head to drop so that the next batch serves the most requests net."""
+    if not queue:
+        return 0
+    best_skip, best_net = 0, min(len(queue), batch_capacity(queue[0], profile, start, max_batch))
+    for skip in range(1, min(len(queue), EARLY_DROP_SCAN)):
+        net = min(len(queue) - skip, batch_capacity(queue[skip], profile, start, max_batch)) - skip
+        if net > best_net:
+            best_skip, best_net = skip, net
+    return best_skip
+
+
 def form_candidate(
     model: str,
     queue: Sequence[QueuedRequest],
@@ -74,8 +107,12 @@ def form_candidate(
     earliest deadline; without it (a model configured to serve late rather than refuse) the
     batch is simply the first ``max_batch`` rows.
     """
-    hopeless = hopeless_requests(queue, profile, start) if prune else []
+    hopeless = list(hopeless_requests(queue, profile, start)) if prune else []
     rest = queue[len(hopeless) :]
+    if prune:
+        skip = early_drop(rest, profile, start, max_batch)
+        hopeless += rest[:skip]
+        rest = rest[skip:]
     if not rest:
         return Candidate(model, 0, 0, float("inf"), float("inf"), float("inf"), False, tuple(hopeless)) if hopeless else None
     deadline = rest[0].deadline

@@ -132,3 +132,18 @@ def test_plain_percentile_and_fit_agree_with_numpy():
         assert percentile(samples, q) == pytest.approx(float(np.percentile(samples, q)))
     xs, ys = [1, 2, 4, 8], [3.1, 4.9, 9.2, 17.0]
     assert fit_line(xs, ys) == pytest.approx(tuple(np.polyfit(xs, ys, 1)))
+
+
+def test_overload_drops_a_head_that_would_shrink_the_batch():
+    profile = linear(1, 10)  # l(b) = b + 10 ms
+    start = 0.0
+    # The head can only go in a batch of one (11 ms of slack); the five behind it leave room for
+    # a batch of five. Serving the head alone would waste a whole batch's fixed cost on it.
+    queue = [QueuedRequest(1, "m", -0.020, 0.011)] + [QueuedRequest(i, "m", -0.01, 0.016) for i in range(2, 7)]
+    candidate = form_candidate("m", queue, profile, max_batch=16, now=start, start=start, arrival_rate=0, defer=True)
+    assert [r.id for r in candidate.hopeless] == [1]
+    assert candidate.size == 5
+    # With slack for the whole queue nothing is dropped.
+    roomy = [QueuedRequest(i, "m", 0.0, 0.050) for i in range(1, 7)]
+    candidate = form_candidate("m", roomy, profile, max_batch=16, now=start, start=start, arrival_rate=0, defer=True)
+    assert candidate.hopeless == () and candidate.size == 6
