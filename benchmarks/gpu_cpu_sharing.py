@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/gpu_cpu_sharing.py [--rate 300] [--seconds 30]
 
 One model (upconv_m, about 5 ms a request on one core), one CPU executor (1 core) and one
-emulated GPU with a strong batching effect (l(b) = 0.5 b + 8 ms), served by `gateway serve`
+emulated GPU with a strong batching effect (l(b) = 0.5 b + 8 ms, answering zeros so that the
+emulation costs no CPU), served by `gateway serve`
 with the deferral policy, under the same open-loop Poisson load, twice:
 
 - spill (ours): the CPU takes only the requests that the GPU's projected capacity cannot finish
@@ -55,6 +56,7 @@ executor = "emulated"
 profile = "{folder / "profile.csv"}"
 policy = "deferral"
 cpu_sharing = "{sharing}"
+emulated_outputs = "zeros"
 [models.upconv_m]
 path = "{MODEL}"
 sla_ms = {SLA_MS}

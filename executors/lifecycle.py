@@ -53,6 +53,7 @@ class SupervisedExecutor(abc.ABC):
         socket_dir: Path,
         actuator: Actuator | None = None,
         emulate: dict[str, tuple[float, float]] | None = None,
+        emulate_zeros: bool = False,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = executor_id
@@ -63,6 +64,7 @@ class SupervisedExecutor(abc.ABC):
         self.on_change = on_change
         self.actuator = actuator
         self.emulate = emulate or {}
+        self.emulate_zeros = emulate_zeros
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
         self.restarts = 0
@@ -97,6 +99,8 @@ class SupervisedExecutor(abc.ABC):
         if self.emulate:
             for name, (per_item_ms, fixed_ms) in self.emulate.items():
                 args += ["--emulate", f"{name}={per_item_ms},{fixed_ms}"]
+            if self.emulate_zeros:
+                args.append("--emulate-zeros")
         elif self.device.startswith("gpu"):
             args += ["--provider", "cuda", "--device-id", self.device.partition(":")[2] or "0"]
         return args

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from executors.tensors import ONNX_TO_KSERVE
+from executors.tensors import KSERVE_TO_NUMPY, ONNX_TO_KSERVE
 from executors.wire import encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
 
 log = logging.getLogger("executors.worker")
@@ -93,15 +93,26 @@ def serve(
     sessions: dict[str, ort.InferenceSession],
     provider: str,
     emulate: dict[str, tuple[float, float]] | None = None,
+    emulate_zeros: bool = False,
 ) -> None:
     """Answer infer frames until the gateway hangs up.
 
     ``emulate`` maps a model to a GPU latency profile (per-item ms, fixed ms): the batch is
     computed here (so results are real) and then held until l(b) has passed, the way Symphony's
-    authors emulated GPUs; a batch that takes longer than l(b) to compute is logged once.
+    authors emulated GPUs; a batch that takes longer than l(b) to compute is logged once. With
+    ``emulate_zeros`` a model whose outputs have fixed shapes apart from the batch is not
+    computed at all: it answers zeros of those shapes after l(b), so that emulating a GPU costs
+    no CPU (for benchmarks of scheduling, never for results).
     """
     emulate = emulate or {}
     slow_logged: set[str] = set()
+    zero_outputs = {}
+    if emulate_zeros:
+        for name in emulate:
+            specs = describe(sessions[name])["outputs"]
+            if all(-1 not in spec["shape"][1:] for spec in specs):
+                zero_outputs[name] = specs
+                log.warning("%s: emulated GPU answers zeros (no computation)", name)
     stream = sock.makefile("rb", buffering=1 << 20)
 
     def send(header: dict[str, Any], buffers: list[Any] | None = None) -> None:
@@ -121,7 +132,14 @@ def serve(
             feeds = {name: as_onnx_feed(array) for name, array in unpack_tensors(header["tensors"], payload).items()}
             started = time.perf_counter()
             names = [arg.name for arg in session.get_outputs()]
-            outputs = session.run(names, feeds)
+            if header["model"] in zero_outputs:
+                rows = next(iter(feeds.values())).shape[0]
+                outputs = [
+                    np.zeros([rows, *spec["shape"][1:]], dtype=KSERVE_TO_NUMPY[spec["datatype"]])
+                    for spec in zero_outputs[header["model"]]
+                ]
+            else:
+                outputs = session.run(names, feeds)
             compute_ms = (time.perf_counter() - started) * 1000.0
             if header["model"] in emulate:
                 per_item_ms, fixed_ms = emulate[header["model"]]
@@ -146,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
     parser.add_argument("--device-id", type=int, default=0)
     parser.add_argument("--emulate", action="append", default=[], help="NAME=PER_ITEM_MS,FIXED_MS: hold batches of NAME for l(b)")
+    parser.add_argument("--emulate-zeros", action="store_true", help="emulated models answer zeros instead of computing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.provider == "cuda":
@@ -162,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = connect(args.connect)
     # The gateway going away ends the executor: nothing is left to answer.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        serve(sock, sessions, args.provider, emulate)
+        serve(sock, sessions, args.provider, emulate, args.emulate_zeros)
     return 0
 
 

@@ -75,6 +75,9 @@ class GpuConfig:
     # How CPU executors share a queue with the GPUs: "spill" takes only what the GPUs' projected
     # capacity cannot finish in time; "greedy" takes anything (work-conserving, for comparison).
     cpu_sharing: str = "spill"
+    # What an emulated GPU answers: "computed" (real outputs, computed on the CPU while the batch
+    # is held for l(b)) or "zeros" (no computation: for benchmarks of scheduling only).
+    emulated_outputs: str = "computed"
     profiles: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
@@ -214,6 +217,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         policy=gpu_table.get("policy", str, "deferral"),
         queue_weight=gpu_table.get("queue_weight", float, 0.5),
         cpu_sharing=gpu_table.get("cpu_sharing", str, "spill"),
+        emulated_outputs=gpu_table.get("emulated_outputs", str, "computed"),
         profile=(base / profile_path)
         if profile_path and not Path(profile_path).is_absolute()
         else (Path(profile_path) if profile_path else None),
@@ -222,6 +226,8 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raise ConfigError(source, "gpu.executor", f"unknown executor {gpu.executor!r} (known: {', '.join(GPU_EXECUTORS)})")
     if gpu.policy not in GPU_POLICIES:
         raise ConfigError(source, "gpu.policy", f"unknown policy {gpu.policy!r} (known: {', '.join(GPU_POLICIES)})")
+    if gpu.emulated_outputs not in ("computed", "zeros"):
+        raise ConfigError(source, "gpu.emulated_outputs", f"must be computed or zeros, got {gpu.emulated_outputs!r}")
     if gpu.cpu_sharing not in ("spill", "greedy"):
         raise ConfigError(source, "gpu.cpu_sharing", f"must be spill or greedy, got {gpu.cpu_sharing!r}")
     if not 0 <= gpu.queue_weight <= 1:

@@ -186,6 +186,7 @@ class Engine:
                     cores=0.0,
                     socket_dir=self._socket_dir,
                     emulate=emulate,
+                    emulate_zeros=gpu.emulated_outputs == "zeros",
                     on_change=self._on_executor_change,
                 )
             )

@@ -116,3 +116,15 @@ async def test_every_gpu_policy_serves(tmp_path, example_models, policy):
         results = await _burst(gateway.url, "cnn_small", (1, 3, 32, 32), 40, 0.002)
         assert all(not isinstance(r, Exception) for r in results), [r for r in results if isinstance(r, Exception)][:1]
         assert "gpu:0" in {r[1].get_response()["parameters"]["executed_on"] for r in results}
+
+
+async def test_emulated_gpu_can_answer_zeros_without_computing(tmp_path, example_models):
+    _config(tmp_path, example_models, sla_ms=500)
+    config = tmp_path / "config.toml"
+    config.write_text(config.read_text().replace('policy = "deferral"', 'policy = "deferral"\nemulated_outputs = "zeros"'))
+    with run_gateway(config) as gateway:
+        results = await _burst(gateway.url, "cnn_small", (1, 3, 32, 32), 5, 0.05)
+        for _, result in results:
+            assert result.get_response()["parameters"]["executed_on"] == "gpu:0"
+            assert not result.as_numpy("logits").any() and result.as_numpy("logits").shape == (1, 10)
+        assert "emulated GPU answers zeros" in gateway.output()
