@@ -97,7 +97,7 @@ cpu = {{ cores = 0.2, min_cores = 0.1, max_cores = 1.5, threads = 1 }}
     assert stats["core_seconds"] == pytest.approx(sum(h["cores"] for h in history), rel=0.1)
     assert f'gateway_window_violations{{model="busy"}} {float(stats["window_violations"])}' in metrics
     assert 'gateway_core_seconds{model="busy"}' in metrics
-    assert 'gateway_executor_cores{model="busy",executor="cpu-busy"}' in metrics
+    assert 'gateway_executor_cores{executor="cpu-busy",model="busy"}' in metrics
 
     # One entry a second from start-up; the load began within a second of the first one.
     periods = [h for h in history if h["requests"] > 0]
