@@ -96,10 +96,8 @@ class ControlLoop:
             controller, demand = StaticController(cores, control.period_s), cores
         self.pinned[name] = cores
         self.supervisor.replace(name, controller, demand, engine.now)
-        granted = arbitrate(self.supervisor.demands, config.node.cpu_cores, control.reserved_cores, control.spare_share)
-        for other, value in granted.items():
-            self.supervisor.controllers[other].granted(value)
-            engine.set_cores(engine.models[other], value)
+        for other, allocation in self.supervisor.grant().items():
+            engine.set_cores(engine.models[other], allocation.granted)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

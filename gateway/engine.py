@@ -357,8 +357,8 @@ class Engine:
     def _pump(self) -> None:
         if self.gpu_scheduler is not None:
             self._pump_gpus()
-        waiting = {name: self._cpu_share(r) for name, r in self.models.items() if r.queue}
-        waiting = {name: n for name, n in waiting.items() if n}
+        shares = {name: self._cpu_share(r) for name, r in self.models.items() if r.queue}
+        waiting = {name: n for name, n in shares.items() if n}
         if waiting:
             free = {name: [e.id for e in self.models[name].executors if e.ready and e.id not in self._busy] for name in waiting}
             for decision in self.scheduler.assign(waiting, free):

@@ -67,10 +67,6 @@ class NodeSupervisor:
         self._pending = {name: Window() for name in controllers}
         self._due = {name: now + c.period_s for name, c in controllers.items()}
 
-    @property
-    def demands(self) -> dict[str, float]:
-        return dict(self._demands)
-
     def replace(self, name: str, controller: CoreController, demand: float, now: float) -> None:
         """Put another controller in charge of a model (an operator's pin, or its release)."""
         self.controllers[name] = controller
@@ -88,6 +84,10 @@ class NodeSupervisor:
                 self._demands[name] = controller.demand(window.mean_ms, sla_ms[name], window.cpu_s_per_request)
                 self._pending[name] = Window()
                 self._due[name] = now + controller.period_s
+        return self.grant()
+
+    def grant(self) -> dict[str, Allocation]:
+        """Fit the current demands to the node and tell every controller what it was granted."""
         granted = arbitrate(self._demands, self.node_cores, self.reserved_cores, self.spare_share)
         for name, controller in self.controllers.items():
             controller.granted(granted[name])
