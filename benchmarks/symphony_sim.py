@@ -22,13 +22,13 @@ from schedulers.gpu import POLICIES
 HERE = Path(__file__).resolve().parent
 ZOO = HERE.parent.parent / "shared" / "data" / "symphony_zoo_1080ti.csv"
 GPUS = 64
-SWEEP = [4000, 8000, 12000, 16000, 20000, 24000, 28000, 32000]
+SWEEP = [4000, 8000, 12000, 16000, 24000, 32000, 48000, 64000]
 MULTIPLES = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=2.0, help="virtual seconds per run")
+    parser.add_argument("--duration", type=float, default=1.0, help="virtual seconds per run")
     parser.add_argument("--shapes", default="0.1,0.3,1.0")
     parser.add_argument("--zoo", type=Path, default=ZOO)
     args = parser.parse_args()

@@ -92,9 +92,19 @@ class SupervisedExecutor(abc.ABC):
     async def _kill(self, handle: Any) -> None:
         """Make sure the launched executor is gone."""
 
-    def worker_arguments(self, connect: str) -> list[str]:
+    async def _on_ready(self) -> None:
+        """The executor said hello: put it under the actuator and give it its cores."""
+        if self.actuator is not None and self.pid is not None:
+            try:
+                self.actuator.attach(self.id, self.pid)
+            except OSError as error:
+                log.error("executor %s: could not attach pid %s to %s: %s", self.id, self.pid, self.actuator.name, error)
+            self._actuate()
+
+    def worker_arguments(self, connect: str, model_paths: dict[str, Path] | None = None) -> list[str]:
+        """The worker's command line; ``model_paths`` where the worker sees the models, if elsewhere."""
         args = ["-m", "executors.worker", "--connect", connect, "--threads", str(self.threads)]
-        for name, path in self.models.items():
+        for name, path in (model_paths or self.models).items():
             args += ["--model", f"{name}={path}"]
         if self.emulate:
             for name, (per_item_ms, fixed_ms) in self.emulate.items():
@@ -210,12 +220,7 @@ class SupervisedExecutor(abc.ABC):
                 self.signatures = connection.hello["models"]
                 self.provider = ",".join(sorted(set(connection.hello.get("providers", {}).values())))
                 self.pid = connection.hello.get("pid")
-                if self.actuator is not None and self.pid is not None:
-                    try:
-                        self.actuator.attach(self.id, self.pid)
-                    except OSError as error:
-                        log.error("executor %s: could not attach pid %s to %s: %s", self.id, self.pid, self.actuator.name, error)
-                    self._actuate()
+                await self._on_ready()
                 started_at = loop.time()
                 self._set_state("ready")
                 if not first_start.done():

@@ -1,4 +1,4 @@
-"""The ``gateway`` command: ``serve``, ``bench``, ``identify`` and ``simulate``."""
+"""The ``gateway`` command: ``serve``, ``bench``, ``identify``, ``simulate`` and ``docker-image``."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         server = dataclasses.replace(server, port=args.port)
     config = dataclasses.replace(config, server=server)
+    from executors.container import DockerUnavailable
     from executors.lifecycle import ExecutorStartError
     from gateway.server import run
 
     try:
         run(config)
-    except ExecutorStartError as error:
+    except (ExecutorStartError, DockerUnavailable) as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 1
     return 0
@@ -39,6 +40,7 @@ COMMANDS = {
     "bench": ("gateway.bench", "drive load against a running gateway"),
     "identify": ("gateway.identify", "step test of a model's cores on a running gateway: measures k"),
     "simulate": ("gateway.simulate", "the GPU scheduler on a virtual clock against emulated GPUs"),
+    "docker-image": ("gateway.docker_image", "make the host-runtime executor image with docker import (no registry)"),
 }
 
 

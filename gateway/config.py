@@ -88,10 +88,24 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
+EXECUTOR_BACKENDS = ("process", "docker")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     cpu_cores: float
     gpus: tuple[int, ...] = ()  # device ids
+    executor_backend: str = "process"  # process: OS processes; docker: one container each
+
+
+@dataclass(frozen=True)
+class DockerConfig:
+    """The Docker executor backend (executors/container.py)."""
+
+    image: str = "sla-gateway-executor:host"
+    # Run the host's Python, packages and checkout, bind-mounted read-only into a minimal root
+    # made with ``docker import``; false for a self-contained image from executors/Dockerfile.
+    host_runtime: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,7 @@ class GatewayConfig:
     policy: PolicyConfig
     control: ControlConfig = field(default_factory=ControlConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    docker: DockerConfig = field(default_factory=DockerConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
 
 
@@ -203,7 +218,12 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     node = NodeConfig(
         cpu_cores=node_table.positive("cpu_cores", float, float(os.cpu_count() or 1)),
         gpus=tuple(node_table.get("gpus", list, [])),
+        executor_backend=node_table.get("executor_backend", str, "process"),
     )
+    if node.executor_backend not in EXECUTOR_BACKENDS:
+        raise ConfigError(
+            source, "node.executor_backend", f"unknown backend {node.executor_backend!r} (known: {', '.join(EXECUTOR_BACKENDS)})"
+        )
     if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in node.gpus) or len(set(node.gpus)) != len(
         node.gpus
     ):
@@ -237,6 +257,13 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             raise ConfigError(source, "gpu.profile", "an emulated GPU needs a profile CSV (model, alpha_ms, beta_ms)")
         gpu = dataclasses.replace(gpu, profiles=_read_profiles(source, gpu.profile))
     gpu_table.reject_unknown()
+
+    docker_table = root.table("docker")
+    docker = DockerConfig(
+        image=docker_table.get("image", str, DockerConfig.image),
+        host_runtime=docker_table.get("host_runtime", bool, DockerConfig.host_runtime),
+    )
+    docker_table.reject_unknown()
 
     policy_table = root.table("policy")
     policy = PolicyConfig(
@@ -333,7 +360,9 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             )
         table.reject_unknown()
     root.reject_unknown()
-    return GatewayConfig(source=source, server=server, node=node, policy=policy, control=control, gpu=gpu, models=models)
+    return GatewayConfig(
+        source=source, server=server, node=node, policy=policy, control=control, gpu=gpu, docker=docker, models=models
+    )
 
 
 def _read_profiles(source: Path, path: Path) -> dict[str, tuple[float, float]]:

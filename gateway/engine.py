@@ -17,12 +17,14 @@ Every request ends with a result or an explicit error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import random
 import shutil
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from executors.connection import ExecutorFailed, ModelError
+from executors.container import DockerBackend, DockerExecutor
 from executors.lifecycle import SupervisedExecutor
 from executors.process import ProcessExecutor
 from gateway.batching import batch_key, split_outputs, stack_inputs, take_batch
@@ -149,11 +152,21 @@ class Engine:
         self._socket_dir = Path(tempfile.mkdtemp(prefix="gateway-"))
         self._busy: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.actuator: Actuator = make_actuator(config.control.actuator, config.control.cfs_period_us)
+        # Process executors get their cores through a cgroup (or affinity); containers through Docker.
+        self.actuator: Actuator | None = None
         self.control: ControlLoop | None = None
         self.models: dict[str, ModelRuntime] = {}
+        self.docker: DockerBackend | None = None
+        executor_class: Callable[..., SupervisedExecutor] = ProcessExecutor
+        if config.node.executor_backend == "docker":
+            self.docker = DockerBackend(config.docker.image, config.docker.host_runtime)
+            executor_class = functools.partial(
+                DockerExecutor, docker_backend=self.docker, cfs_period_us=config.control.cfs_period_us
+            )
+        else:
+            self.actuator = make_actuator(config.control.actuator, config.control.cfs_period_us)
         for name, model in config.models.items():
-            executor = ProcessExecutor(
+            executor = executor_class(
                 f"cpu-{name}",
                 {name: model.path},
                 device="cpu",
@@ -178,7 +191,7 @@ class Engine:
                 else None
             )
             self.gpu_executors.append(
-                ProcessExecutor(
+                executor_class(
                     f"gpu-{device_id}",
                     {name: m.path for name, m in config.models.items()},
                     device=f"gpu:{device_id}",
@@ -194,10 +207,17 @@ class Engine:
             self.gpu_scheduler = GpuScheduler(gpu.policy, config.control.setpoint_ratio, gpu.queue_weight)
 
     @property
+    def enforced_by(self) -> str:
+        """How executors' cores are carried out."""
+        return self.actuator.name if self.actuator is not None else "docker-cpu-quota"
+
+    @property
     def now(self) -> float:
         return asyncio.get_running_loop().time()
 
     async def start(self) -> None:
+        if self.docker is not None:
+            await asyncio.to_thread(self.docker.connect)  # raises DockerUnavailable with the fix
         self.control = ControlLoop(self)
         for name, cores in self.control.initial_cores.items():
             for executor in self.models[name].executors:
@@ -230,7 +250,7 @@ class Engine:
         self.control.start()
         control = self.config.control
         log.info(
-            "CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.actuator.name
+            "CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.enforced_by
         )
 
     async def _profile(self) -> None:
@@ -282,7 +302,10 @@ class Engine:
                 self._fail(runtime, runtime.queue.popleft(), RequestFailed("the gateway is shutting down", 503, "shutdown"))
         executors = [e for r in self.models.values() for e in r.executors] + self.gpu_executors
         await asyncio.gather(*(e.stop() for e in executors), return_exceptions=True)
-        self.actuator.close()
+        if self.docker is not None:
+            self.docker.close()
+        if self.actuator is not None:
+            self.actuator.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------
@@ -406,6 +429,7 @@ class Engine:
                 decisions = self.gpu_scheduler.decide(now, executor.id, now, queues)
                 for decision in decisions:
                     if isinstance(decision, Refuse):
+                        self.gpu_scheduler.on_refused(decision.model, decision.requests, now)
                         self._refuse(self.models[decision.model], {r.id for r in decision.requests})
                     elif isinstance(decision, Dispatch):
                         runtime = self.models[decision.model]

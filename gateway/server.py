@@ -203,7 +203,7 @@ class Handlers:
                     "setpoint_ratio": control.setpoint_ratio,
                     "spare_share": control.spare_share,
                     "reserved_cores": control.reserved_cores,
-                    "actuator": self.engine.actuator.name,
+                    "actuator": self.engine.enforced_by,
                 },
                 "cores": {name: sum(e.cores for e in r.executors) for name, r in self.engine.models.items()},
             }

@@ -92,6 +92,7 @@ def simulate(
     idle = {f"gpu{i}": 0.0 for i in range(gpus)}  # gpu -> idle since
     idle_time = 0.0
     good = late = refused = 0
+    good_by_model = {m.name: 0 for m in zoo}
     batch_sizes: list[int] = []
     scheduler_s = 0.0
     wake_at = float("inf")
@@ -107,6 +108,7 @@ def simulate(
             for decision in decisions:
                 if isinstance(decision, Refuse):
                     drop = {r.id for r in decision.requests}
+                    scheduler.on_refused(decision.model, decision.requests, now)
                     queue = queues[decision.model]
                     while queue and queue[0].id in drop:
                         queue.popleft()
@@ -144,6 +146,7 @@ def simulate(
                 scheduler.on_completed(model, (now - request.arrival) * 1000)
                 if now <= request.deadline + 1e-9:
                     good += 1
+                    good_by_model[model] += 1
                 else:
                     late += 1
         elif kind == "wake":
@@ -169,6 +172,7 @@ def simulate(
         "batch_p90": float(np.percentile(sizes, 90)),
         "gpu_idle_fraction": idle_time / (gpus * end),
         "scheduled_per_core_s": total / scheduler_s if scheduler_s else float("inf"),
+        "goodput_by_model_rps": {name: count / duration_s for name, count in good_by_model.items()},
     }
 
 

@@ -7,9 +7,12 @@ side by side (``gateway simulate``):
 
 - ``deferral`` (the default): Symphony's non-work-conserving rule decides which candidates are
   schedulable (Section 4.3); among them the model with the largest ROMA deficit wins
-  (Algorithm 1), ties going to the earliest sched_at. With none schedulable the GPU waits until
-  the earliest sched_at or the next arrival.
-- ``roma``: ROMA's deficit choice with no deferral (every non-empty candidate is schedulable).
+  (Algorithm 1), the deficit weighed by the candidate's requests per GPU-millisecond
+  (``weighted_value``: among candidates of equal efficiency the largest deficit wins), ties
+  going to the earliest sched_at. With none schedulable the GPU waits until the earliest
+  sched_at or the next arrival.
+- ``roma``: ROMA's pure deficit choice (Algorithm 1) with no deferral (every non-empty candidate
+  is schedulable).
 - ``work_conserving``: Symphony's work-conserving policy: no deferral, earliest sched_at first.
 - ``edf``: Clockwork-like earliest deadline first, no deferral.
 
@@ -93,6 +96,13 @@ class GpuScheduler:
     def on_completed(self, model: str, response_ms: float) -> None:
         self.models[model].recent_ms.append(response_ms)
 
+    def on_refused(self, model: str, requests: Sequence[QueuedRequest], now: float) -> None:
+        """A refused request counts in R as a response no sooner than its SLA: it was a violation."""
+        state = self.models[model]
+        for request in requests:
+            best_ms = (now - request.arrival) * 1000 + state.profile.latency_ms(request.rows)
+            state.recent_ms.append(max(best_ms, state.sla_ms))
+
     # -- decisions --------------------------------------------------------------------------
     def candidates(self, now: float, start: float, queues: Mapping[str, Sequence[QueuedRequest]]) -> dict[str, Candidate]:
         out = {}
@@ -134,7 +144,14 @@ class GpuScheduler:
             if self.policy in ("deferral", "roma"):
                 skip = {name: len(candidates[name].hopeless) for name in ready}
                 deficits = {name: self.model_deficit(name, queues[name][skip[name] :], now) for name in ready}
-                chosen = min(ready, key=lambda n: (-deficits[n], ready[n].sched_at))
+                if self.policy == "roma":
+                    chosen = min(ready, key=lambda n: (-deficits[n], ready[n].sched_at))
+                else:
+                    value = {
+                        n: weighted_value(deficits[n], c.size, self.models[n].profile.latency_ms(c.rows))
+                        for n, c in ready.items()
+                    }
+                    chosen = min(ready, key=lambda n: (-value[n], ready[n].sched_at))
             elif self.policy == "work_conserving":
                 chosen = min(ready, key=lambda n: ready[n].sched_at)
             else:
@@ -146,6 +163,21 @@ class GpuScheduler:
         if waiting:
             decisions.append(WaitUntil(max(now, min(waiting))))
         return decisions
+
+
+def weighted_value(deficit: float, requests: int, batch_ms: float) -> float:
+    """What dispatching a candidate is worth under ``deferral``: (1 + deficit) x requests per GPU-ms.
+
+    ROMA's Algorithm 1 hands a free GPU to the model furthest behind its set point. With
+    deadline-cut batches that is, under overload, the costliest model: its batches are grown to
+    its deadline, so its response times sit near the SLA and its deficit never clears, and a GPU
+    spent on it serves a few requests where a cheap model's batch would serve dozens (measured on
+    Symphony's 1080Ti zoo: goodput fell to 45% of EDF's; docs/BENCHMARKS.md). Weighing the deficit
+    by the candidate's requests per GPU-millisecond keeps ROMA's rule among candidates of equal
+    efficiency (the largest deficit wins) and spends a contended GPU where it serves the most
+    requests in time; a model's deficit, which counts its refused requests, still raises its turn.
+    """
+    return (1 + deficit) * requests / batch_ms
 
 
 def gpu_can_finish(

@@ -147,3 +147,39 @@ def test_overload_drops_a_head_that_would_shrink_the_batch():
     roomy = [QueuedRequest(i, "m", 0.0, 0.050) for i in range(1, 7)]
     candidate = form_candidate("m", roomy, profile, max_batch=16, now=start, start=start, arrival_rate=0, defer=True)
     assert candidate.hopeless == () and candidate.size == 6
+
+
+def test_deferral_weighs_the_deficit_by_requests_per_gpu_ms():
+    scheduler = GpuScheduler("deferral")
+    # Same SLA; "costly" takes 40 ms a request, "cheap" 1 ms plus a 5 ms fixed cost.
+    scheduler.add_model("costly", sla_ms=400, max_batch=8, profile=linear(40, 10))
+    scheduler.add_model("cheap", sla_ms=400, max_batch=8, profile=linear(1, 5))
+    now = 1.0
+    # costly waited 300 ms (E = mean(300, 300 + 50) = 325 ms, over its 320 ms set point), cheap
+    # 200 ms (no deficit).
+    queues = {"costly": requests("costly", [0.7, 0.7], 0.4), "cheap": requests("cheap", [0.8] * 4, 0.4, first_id=10)}
+    # ROMA alone picks the model furthest behind ...
+    roma = GpuScheduler("roma")
+    roma.add_model("costly", sla_ms=400, max_batch=8, profile=linear(40, 10))
+    roma.add_model("cheap", sla_ms=400, max_batch=8, profile=linear(1, 5))
+    assert roma.decide(now, "g", now, queues) == [Dispatch("costly", "g", 2, 2)]
+    # ... deferral spends the GPU where it serves the most requests per ms: 4 / 9 ms against
+    # (1 + 5 / 320) x 2 / 90 ms.
+    assert scheduler.decide(now, "g", now, queues) == [Dispatch("cheap", "g", 4, 4)]
+    # Among candidates of equal efficiency the largest deficit still wins.
+    twin = GpuScheduler("deferral")
+    twin.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    twin.add_model("b", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    even = {"a": requests("a", [0.99], 0.1), "b": requests("b", [0.915], 0.1, first_id=10)}
+    assert twin.decide(now, "g", now, even) == [Dispatch("b", "g", 1, 1)]
+
+
+def test_a_refusal_counts_as_a_violation_in_the_deficit():
+    scheduler = GpuScheduler("roma")
+    scheduler.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    queue = requests("a", [0.99], 0.1)
+    assert scheduler.model_deficit("a", queue, 1.0) == 0.0
+    refused = requests("a", [0.5] * 3, 0.1, first_id=100)
+    scheduler.on_refused("a", refused, 1.0)
+    # R = mean(waited 500 ms + 6 ms): w = 0.5 x 10 + 0.5 x 506 = 258 ms against 80 ms.
+    assert scheduler.model_deficit("a", queue, 1.0) == pytest.approx((258 - 80) / 80)

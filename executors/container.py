@@ -1,0 +1,279 @@
+"""Docker executors: each one a container running ``executors.worker`` (ROMA Section 2.2).
+
+One container per model for CPU work and one per GPU holding every model, as ROMA deploys
+them. The container speaks the same executor protocol as a process executor, over a Unix
+socket in a directory bind-mounted into it; the model files are mounted read-only at the
+paths the config names. The supervisor's cores are applied to the running container with
+``container.update(cpu_quota, cpu_period)``, the same CFS quota the process executors get.
+
+Two kinds of image:
+
+- The *host-runtime* image (the default, ``sla-gateway-executor:host``): a root of a few empty
+  directories made with ``docker import`` (``gateway docker-image``, or at start when it is
+  missing), run with this host's ``/usr``, Python installation, virtual environment and
+  checkout bind-mounted read-only and ``--network host``. It needs no registry, and the worker
+  runs exactly the code and packages the gateway runs.
+- A self-contained image built from ``executors/Dockerfile`` for production
+  (``[docker] host_runtime = false``): its own Python and packages; only the model files and
+  the socket directory are mounted.
+
+Containers carry labels naming the gateway process that owns them. They are removed on
+shutdown, and at start the containers of a gateway process that is no longer alive (a crashed
+run) are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+import logging
+import os
+import socket
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import psutil
+from docker.models.containers import Container
+
+from executors.lifecycle import SupervisedExecutor
+from supervisor.actuation import CFS_PERIOD_US, quota_us
+
+log = logging.getLogger("executors")
+
+HOST_RUNTIME_IMAGE = "sla-gateway-executor:host"
+LABEL = "sla-gateway.executor"
+OWNER_LABEL = "sla-gateway.owner"  # hostname:pid of the gateway that started the container
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Container paths of the production image (executors/Dockerfile).
+IMAGE_MODELS_DIR = "/models"
+IMAGE_SOCKET_DIR = "/run/gateway"
+
+
+class DockerUnavailable(RuntimeError):
+    """The Docker daemon cannot be reached, or cannot run what the config asks for."""
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def minimal_root() -> bytes:
+    """A tar of the directories an executor needs to exist before the host's are mounted over them."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, mode in (("usr", 0o755), ("etc", 0o755), ("tmp", 0o1777), ("proc", 0o555), ("sys", 0o555),
+                           ("dev", 0o755), ("run", 0o755), ("root", 0o700), ("var", 0o755)):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+        # Debian's merged /usr: the loader and the shell are reached through these links.
+        for link in ("bin", "sbin", "lib", "lib64"):
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, f"usr/{link}"
+            tar.addfile(info)
+        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", "root:x:0:\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class DockerBackend:
+    """The connection to the Docker daemon shared by every Docker executor of one gateway."""
+
+    def __init__(self, image: str = HOST_RUNTIME_IMAGE, host_runtime: bool = True):
+        self.image, self.host_runtime = image, host_runtime
+        self.owner = _owner()
+        self.client: docker.DockerClient | None = None
+        self.nvidia = False
+        # Waiting for a container to exit blocks a thread for its whole life: one each, not the
+        # event loop's small default pool.
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="docker")
+
+    def connect(self) -> None:
+        """Reach the daemon, make sure the image exists, and remove a crashed run's containers."""
+        try:
+            self.client = docker.from_env(timeout=30)
+            self.client.ping()
+            info = self.client.info()
+        except docker.errors.DockerException as error:
+            raise DockerUnavailable(
+                f"executor_backend is 'docker' but the Docker daemon cannot be reached ({error}). Start it (as root: "
+                "`dockerd --iptables=false --bridge=none --storage-driver=vfs &`, or `systemctl start docker`), "
+                'point DOCKER_HOST at it, or set executor_backend = "process".'
+            ) from None
+        self.nvidia = "nvidia" in info.get("Runtimes", {})
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            if not self.host_runtime:
+                raise DockerUnavailable(
+                    f"the executor image {self.image!r} is not on this Docker daemon: build it with "
+                    f"`docker build -f executors/Dockerfile -t {self.image} .`, or use the host-runtime image "
+                    "([docker] host_runtime = true)"
+                ) from None
+            import_host_image(self.client, self.image)
+        self.remove_leftovers()
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove the executor containers of gateway processes on this host that are gone."""
+        assert self.client is not None
+        host = socket.gethostname()
+        removed = []
+        for container in self.client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+            owner_host, _, owner_pid = container.labels.get(OWNER_LABEL, "").rpartition(":")
+            if owner_host != host or (owner_pid.isdigit() and psutil.pid_exists(int(owner_pid))):
+                continue
+            log.warning("removing container %s of a gateway that is gone (%s)", container.name, container.labels[OWNER_LABEL])
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                continue
+            removed.append(container.name)
+        return removed
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.client is not None:
+            self.client.close()
+
+    async def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: function(*args, **kwargs))
+
+
+def import_host_image(client: docker.DockerClient, tag: str = HOST_RUNTIME_IMAGE) -> None:
+    """Make the host-runtime image with ``docker import`` (no registry needed)."""
+    repository, _, version = tag.partition(":")
+    client.api.import_image_from_data(minimal_root(), repository=repository, tag=version or "latest")
+    log.info("imported the host-runtime executor image %s", tag)
+
+
+class DockerExecutor(SupervisedExecutor):
+    backend = "docker"
+
+    def __init__(self, *args: Any, docker_backend: DockerBackend, cfs_period_us: int = CFS_PERIOD_US, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.docker = docker_backend
+        self.cfs_period_us = cfs_period_us
+        self.container: Container | None = None
+        self._launches = 0
+        self._resize: asyncio.Task[None] | None = None
+
+    # -- launching --------------------------------------------------------------------------
+    def _mounts(self) -> tuple[dict[str, dict[str, str]], dict[str, Path]]:
+        """Bind mounts, and where each model file is seen inside the container."""
+        volumes: dict[str, dict[str, str]] = {}
+        if self.docker.host_runtime:
+            for path in {"/usr", sys.base_prefix, sys.prefix, str(_PROJECT_ROOT), "/etc/ld.so.cache"}:
+                volumes[path] = {"bind": path, "mode": "ro"}
+            inside = {name: path.resolve() for name, path in self.models.items()}
+            socket_dir = str(self.socket_path.parent)
+        else:
+            inside = {name: Path(IMAGE_MODELS_DIR) / f"{name}.onnx" for name in self.models}
+            socket_dir = IMAGE_SOCKET_DIR
+        for name, path in self.models.items():
+            volumes[str(path.resolve())] = {"bind": str(inside[name]), "mode": "ro"}
+        volumes[str(self.socket_path.parent)] = {"bind": socket_dir, "mode": "rw"}
+        return volumes, inside
+
+    def _command(self, inside: dict[str, Path]) -> list[str]:
+        socket_dir = self.socket_path.parent if self.docker.host_runtime else Path(IMAGE_SOCKET_DIR)
+        arguments = self.worker_arguments(f"unix:{socket_dir / self.socket_path.name}", inside)
+        python = sys.executable if self.docker.host_runtime else "python"
+        return [python, *arguments]
+
+    async def _launch(self) -> Container:
+        assert self.docker.client is not None
+        volumes, inside = self._mounts()
+        self._launches += 1
+        options: dict[str, Any] = {
+            "command": self._command(inside),
+            "name": f"sla-gw-{os.getpid()}-{self.id.replace(':', '-')}-{self._launches}",
+            "labels": {LABEL: self.id, OWNER_LABEL: self.docker.owner},
+            "volumes": volumes,
+            "network_mode": "host",
+            "detach": True,
+        }
+        if self.docker.host_runtime:
+            options |= {"environment": {"PYTHONPATH": str(_PROJECT_ROOT), "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}}
+            options |= {"working_dir": "/tmp"}
+        if self.device == "cpu":
+            options |= {"cpu_period": self.cfs_period_us, "cpu_quota": quota_us(self.cores, self.cfs_period_us)}
+        elif not self.emulate:
+            if not self.docker.nvidia:
+                raise DockerUnavailable(
+                    f"executor {self.id} needs {self.device} in a container, but this Docker daemon has no NVIDIA "
+                    'runtime (install the NVIDIA Container Toolkit), or use executor_backend = "process"'
+                )
+            device_id = self.device.partition(":")[2] or "0"
+            options["device_requests"] = [docker.types.DeviceRequest(device_ids=[device_id], capabilities=[["gpu"]])]
+        container = await self.docker.call(self.docker.client.containers.run, self.docker.image, **options)
+        self.container = container
+        log.info("executor %s: started container %s (%s) for %s on %s", self.id, container.name,
+                 container.short_id, ", ".join(self.models), self.device)  # fmt: skip
+        return container
+
+    async def _wait_exit(self, handle: Container) -> str:
+        try:
+            status = await self.docker.call(handle.wait)
+        except docker.errors.NotFound:
+            return "container removed"
+        except docker.errors.DockerException as error:
+            return f"lost track of the container: {error}"
+        try:
+            logs = await self.docker.call(handle.logs, tail=30)
+            self.output_tail.extend(logs.decode(errors="replace").splitlines())
+        except docker.errors.DockerException:
+            pass
+        code = status.get("StatusCode")
+        return "killed (exit code 137)" if code == 137 else f"exited with code {code}"
+
+    async def _kill(self, handle: Container) -> None:
+        try:
+            await self.docker.call(handle.remove, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as error:
+            if error.status_code != 409:  # removal already in progress
+                raise
+
+    # -- once it is up ----------------------------------------------------------------------
+    async def _on_ready(self) -> None:
+        """The worker's pid is its own namespace's; control and metrics want the host's."""
+        assert self.container is not None
+        await self.docker.call(self.container.reload)
+        self.pid = self.container.attrs["State"]["Pid"] or None
+        self._actuate()  # cores changed while it was starting
+
+    def _actuate(self) -> None:
+        if self.device != "cpu" or self.container is None:
+            return
+        if self._resize is None or self._resize.done():
+            self._resize = asyncio.get_running_loop().create_task(self._apply_cores())
+
+    async def _apply_cores(self) -> None:
+        """Update the container's CFS quota until it holds the latest cores asked for."""
+        applied = None
+        while applied != self.cores and self.container is not None:
+            applied = self.cores
+            try:
+                await self.docker.call(
+                    self.container.update, cpu_period=self.cfs_period_us, cpu_quota=quota_us(applied, self.cfs_period_us)
+                )
+            except docker.errors.DockerException as error:
+                log.error(
+                    "executor %s: could not set %.2f cores on container %s: %s", self.id, applied, self.container.name, error
+                )
+                return
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {
+            "actuator": "docker-cpu-quota" if self.device == "cpu" else None,
+            "container": self.container.name if self.container is not None else None,
+        }

@@ -1,0 +1,210 @@
+"""Docker executors with real containers: serving, a live resize, a killed container, no leftovers.
+
+These need a Docker daemon. Without one they are skipped with the reason printed; with
+GATEWAY_REQUIRE_DOCKER=1 (set by .ci/run) a missing daemon fails them instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import docker.errors
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as triton
+
+from executors.container import LABEL, OWNER_LABEL
+from tests.helpers import ROOT, busy_model, fixed_shape_model, run_gateway
+from tests.test_executor_crash import BODY, _load
+from tests.test_quota import flood
+from tests.test_serve_examples import direct_run
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except docker.errors.DockerException as error:
+        reason = f"no Docker daemon reachable ({error})"
+        if os.environ.get("GATEWAY_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"GATEWAY_REQUIRE_DOCKER=1 but {reason}")
+        pytest.skip(reason)
+    yield client
+    client.close()
+
+
+def docker_config(path: Path, models: str, control: str = 'policy = "fixed"') -> Path:
+    path.write_text(f'[node]\ncpu_cores = 2\nexecutor_backend = "docker"\n\n[control]\n{control}\n\n{models}')
+    return path
+
+
+def owned_by(client: docker.DockerClient, pid: int) -> list:
+    return [
+        c for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}) if c.labels[OWNER_LABEL].endswith(f":{pid}")
+    ]
+
+
+def container_cpu_seconds(pid: int) -> float:
+    """CPU time of the container's cgroup, from the kernel's counters (cgroup v1 cpuacct or v2)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, group = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            return int(Path(f"/sys/fs/cgroup/cpuacct{group}/cpuacct.usage").read_text()) / 1e9
+        if controllers == "":
+            stat = dict(row.split() for row in Path(f"/sys/fs/cgroup{group}/cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6
+    raise AssertionError(f"no CPU accounting cgroup for pid {pid}")
+
+
+async def container_cores(pid: int, url: str, seconds: float = 4.0) -> float:
+    load = asyncio.create_task(flood(url, seconds + 1.5))
+    await asyncio.sleep(1.0)  # let the queue fill
+    before, started = container_cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    used = (container_cpu_seconds(pid) - before) / (time.monotonic() - started)
+    assert await load > 0
+    return used
+
+
+def test_docker_executors_serve_through_tritonclient(client, tmp_path, example_models):
+    fixed_shape_model(tmp_path / "fixed.onnx")
+    config = docker_config(
+        tmp_path / "config.toml",
+        f'[models.mlp]\npath = "{example_models / "mlp.onnx"}"\nsla_ms = 100\nmax_batch_size = 8\n\n'
+        '[models.fixed]\npath = "fixed.onnx"\nsla_ms = 100\n',
+    )
+    with run_gateway(config) as gateway:
+        triton_client = triton.InferenceServerClient(gateway.url)
+        data = np.random.default_rng(3).random((2, 512), dtype=np.float32)
+        for binary in (False, True):
+            infer_input = triton.InferInput("x", data.shape, "FP32")
+            infer_input.set_data_from_numpy(data, binary_data=binary)
+            result = triton_client.infer("mlp", [infer_input])
+            ((name, want),) = direct_run(example_models / "mlp.onnx", {"x": data}).items()
+            assert np.allclose(result.as_numpy(name), want, rtol=1e-4, atol=1e-5)
+        fixed = triton.InferInput("x", [2, 4], "FP32")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        fixed.set_data_from_numpy(x)
+        assert np.array_equal(triton_client.infer("fixed", [fixed]).as_numpy("y"), x * 2 + 1)
+
+        for model in ("mlp", "fixed"):
+            (executor,) = gateway.admin(model)["executors"]
+            assert executor["backend"] == "docker" and executor["state"] == "ready"
+            container = client.containers.get(executor["container"])
+            assert container.status == "running"
+            assert container.labels[LABEL] == f"cpu-{model}"
+            assert container.attrs["HostConfig"]["NetworkMode"] == "host"
+            # The executor's process is the container's: its pid (the host's) is in the container.
+            assert executor["pid"] == container.attrs["State"]["Pid"]
+            model_mounts = [m for m in container.attrs["Mounts"] if m["Source"].endswith(".onnx")]
+            assert model_mounts and all(not m["RW"] for m in model_mounts)
+
+
+async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, tmp_path):
+    busy_model(tmp_path / "busy.onnx")
+    config = docker_config(
+        tmp_path / "config.toml",
+        '[models.busy]\npath = "busy.onnx"\nsla_ms = 1000\nmax_batch_size = 4\n'
+        "cpu = { cores = 0.3, threads = 2, max_cores = 2 }\n",
+    )
+    with run_gateway(config) as gateway:
+        url = f"{gateway.base}/v2/models/busy/infer"
+        (executor,) = gateway.admin("busy")["executors"]
+        container = client.containers.get(executor["container"])
+        assert container.attrs["HostConfig"]["CpuQuota"] == 3000 and container.attrs["HostConfig"]["CpuPeriod"] == 10000
+        capped = await container_cores(executor["pid"], url)
+        assert 0.2 < capped < 0.4, capped
+
+        response = requests.put(f"{gateway.base}/admin/models/busy/cores", json={"cores": 1.5}, timeout=10)
+        assert response.status_code == 200, response.text
+        await asyncio.sleep(0.5)
+        container.reload()
+        assert container.attrs["HostConfig"]["CpuQuota"] == 15000
+        lifted = await container_cores(executor["pid"], url)
+        assert lifted > 0.9, lifted
+        assert lifted > 2.5 * capped
+        (after,) = gateway.admin("busy")["executors"]
+        assert after["container"] == executor["container"] and after["restarts"] == 0  # resized, not restarted
+
+
+async def test_a_killed_container_is_replaced_and_every_request_ends(client, tmp_path):
+    busy_model(tmp_path / "busy.onnx")
+    config = docker_config(tmp_path / "config.toml", '[models.busy]\npath = "busy.onnx"\nsla_ms = 100\nmax_batch_size = 4\n')
+    with run_gateway(config) as gateway:
+        (first,) = gateway.admin("busy")["executors"]
+        load = asyncio.create_task(_load(gateway.base, seconds=5.0, clients=8))
+        await asyncio.sleep(1.0)
+        client.containers.get(first["container"]).kill()
+        answers = await load  # would raise a timeout if any request hung
+
+        statuses = [status for status, _ in answers]
+        assert set(statuses) <= {200, 503}, set(statuses)
+        failed = [text for status, text in answers if status == 503]
+        assert failed, "a kill under load must fail the batch in flight"
+        assert statuses.count(200) > len(failed)
+        gateway.wait_ready("busy", timeout=30)
+        (second,) = gateway.admin("busy")["executors"]
+        assert second["container"] != first["container"] and second["restarts"] == 1 and second["state"] == "ready"
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(first["container"])  # the dead one is removed, not left behind
+        assert requests.post(f"{gateway.base}/v2/models/busy/infer", json=BODY, timeout=10).status_code == 200
+        outcomes = gateway.admin("busy")["stats"]["outcomes"]
+        assert outcomes["success"] == statuses.count(200) + 1
+        assert outcomes["executor_failed"] == len(failed)
+
+
+def test_no_container_is_left_after_shutdown_or_after_a_start_that_follows_a_crash(client, tmp_path):
+    busy_model(tmp_path / "busy.onnx")
+    config = docker_config(
+        tmp_path / "config.toml",
+        '[models.a]\npath = "busy.onnx"\nsla_ms = 100\n\n[models.b]\npath = "busy.onnx"\nsla_ms = 100\n',
+    )
+    with run_gateway(config) as crashed:
+        assert len(owned_by(client, crashed.process.pid)) == 2
+        crashed.process.kill()  # SIGKILL: no chance to clean up
+        crashed.process.wait()
+        assert len(owned_by(client, crashed.process.pid)) == 2  # left behind by the crash
+    with run_gateway(config) as gateway:
+        assert owned_by(client, crashed.process.pid) == []  # removed at start
+        assert len(owned_by(client, gateway.process.pid)) == 2
+    assert gateway.process.returncode == 0
+    assert owned_by(client, gateway.process.pid) == []  # removed on shutdown
+
+
+def test_docker_asked_for_but_unreachable_exits_with_the_fix(tmp_path):
+    """No silent fallback to processes: the message says what is wrong and how to fix it."""
+    busy_model(tmp_path / "busy.onnx")
+    config = docker_config(tmp_path / "config.toml", '[models.busy]\npath = "busy.onnx"\nsla_ms = 100\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", "0"],
+        cwd=ROOT,
+        env=dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Docker daemon cannot be reached" in result.stderr
+    assert "dockerd" in result.stderr and 'executor_backend = "process"' in result.stderr
+
+
+def test_the_gateway_process_pid_labels_match_a_live_gateway(client, tmp_path):
+    """A second gateway does not remove the containers of one that is still running."""
+    busy_model(tmp_path / "busy.onnx")
+    config = docker_config(tmp_path / "config.toml", '[models.busy]\npath = "busy.onnx"\nsla_ms = 100\n')
+    with run_gateway(config) as first, run_gateway(config) as second:
+        assert len(owned_by(client, first.process.pid)) == 1
+        assert len(owned_by(client, second.process.pid)) == 1
+        os.kill(first.process.pid, signal.SIGTERM)
+        first.process.wait(timeout=20)
+        assert owned_by(client, first.process.pid) == []
+        assert second.admin("busy")["executors"][0]["state"] == "ready"
