@@ -35,7 +35,7 @@ CONNECTIONS = (1, 8)
 def start_gateway(backend: str, port: int) -> subprocess.Popen:
     config = WORK / f"gateway-mlp-{backend}.toml"
     config.write_text(
-        f'[node]\ncpu_cores = 1\nexecutor_backend = "{backend}"\n\n'
+        f'[server]\nmodel_dir = "{MODEL.parent}"\n\n[node]\ncpu_cores = 1\nexecutor_backend = "{backend}"\n\n'
         f'[models.mlp]\npath = "{MODEL}"\nsla_ms = 50\nmax_batch_size = 32\ncpu = {{ cores = 1.0, threads = 1 }}\n'
     )
     command = [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port), "--log-level", "WARNING"]

@@ -48,6 +48,7 @@ def run(sharing: str, rate: float, seconds: float) -> dict:
         f"""
 [server]
 port = {port}
+model_dir = "{MODEL.parent}"
 [node]
 cpu_cores = 1.0
 gpus = [0]

@@ -68,6 +68,7 @@ def write_config(path: Path, apps: list[dict], system: str, port: int) -> None:
     lines = [
         "[server]",
         f"port = {port}",
+        f'model_dir = "{MODELS}"',
         "[node]",
         f"cpu_cores = {NODE_CORES}",
         "[control]",

@@ -124,6 +124,7 @@ def pytriton_python() -> Path:
 def start_gateway(port: int) -> subprocess.Popen:
     config = WORK / "gateway-mlp.toml"
     config.write_text(
+        f'[server]\nmodel_dir = "{MODEL.parent}"\n\n'
         f'[node]\ncpu_cores = 1\n\n[models.mlp]\npath = "{MODEL}"\nsla_ms = 50\nmax_batch_size = 32\n'
         "cpu = { cores = 1.0, threads = 1 }\n"
     )

@@ -203,6 +203,8 @@ class DockerExecutor(SupervisedExecutor):
         if self.docker.host_runtime:
             options |= {"environment": {"PYTHONPATH": str(_PROJECT_ROOT), "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}}
             options |= {"working_dir": "/tmp"}
+        if self.memory_mb is not None:
+            options |= {"mem_limit": f"{int(self.memory_mb)}m", "memswap_limit": f"{int(self.memory_mb)}m"}
         if self.device == "cpu":
             options |= {"cpu_period": self.cfs_period_us, "cpu_quota": quota_us(self.cores, self.cfs_period_us)}
         elif not self.emulate:
@@ -232,6 +234,12 @@ class DockerExecutor(SupervisedExecutor):
         except docker.errors.DockerException:
             pass
         code = status.get("StatusCode")
+        try:
+            await self.docker.call(handle.reload)
+            if handle.attrs["State"].get("OOMKilled"):
+                return f"killed by the kernel: out of memory (over its limit of {self.memory_mb:g} MB, memory_mb)"
+        except docker.errors.DockerException:
+            pass
         return "killed (exit code 137)" if code == 137 else f"exited with code {code}"
 
     async def _kill(self, handle: Container) -> None:

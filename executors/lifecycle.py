@@ -54,6 +54,7 @@ class SupervisedExecutor(abc.ABC):
         actuator: Actuator | None = None,
         emulate: dict[str, tuple[float, float]] | None = None,
         emulate_zeros: bool = False,
+        memory_mb: float | None = None,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = executor_id
@@ -65,6 +66,7 @@ class SupervisedExecutor(abc.ABC):
         self.actuator = actuator
         self.emulate = emulate or {}
         self.emulate_zeros = emulate_zeros
+        self.memory_mb = memory_mb
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
         self.restarts = 0
@@ -150,6 +152,15 @@ class SupervisedExecutor(abc.ABC):
         except OSError as error:
             log.error("executor %s: could not set %.2f cores with %s: %s", self.id, self.cores, self.actuator.name, error)
 
+    def kill_hung(self, reason: str) -> None:
+        """The executor stopped answering: kill it, so that it is restarted like a crashed one."""
+        if self._handle is None or self.state != "ready":
+            return
+        log.error("executor %s (pid %s): %s; killing it", self.id, self.pid, reason)
+        self._set_state("restarting")
+        handle = self._handle
+        asyncio.get_running_loop().create_task(self._kill(handle))
+
     async def stop(self) -> None:
         self._stopping = True
         if self._connection is not None:
@@ -179,6 +190,7 @@ class SupervisedExecutor(abc.ABC):
             "provider": self.provider,
             "actuator": self.actuator.name if self.actuator is not None else None,
             "emulated": bool(self.emulate),
+            "memory_mb": self.memory_mb,
         }
 
     # -- supervision ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from executors.lifecycle import SupervisedExecutor
+from executors.memory import MemoryLimit
 
 log = logging.getLogger("executors")
 
@@ -20,6 +21,18 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 class ProcessExecutor(SupervisedExecutor):
     backend = "process"
+    _memory: MemoryLimit | None = None
+    _oom_kills = 0
+
+    async def _on_ready(self) -> None:
+        await super()._on_ready()
+        if self.memory_mb is not None and self.pid is not None:
+            self._memory = self._memory or MemoryLimit(self.id, self.memory_mb)
+            try:
+                self._memory.attach(self.pid)
+                self._oom_kills = self._memory.oom_kills()
+            except OSError as error:
+                log.error("executor %s: could not limit its memory to %g MB: %s", self.id, self.memory_mb, error)
 
     async def _launch(self) -> asyncio.subprocess.Process:
         env = dict(os.environ)
@@ -45,6 +58,8 @@ class ProcessExecutor(SupervisedExecutor):
 
     async def _wait_exit(self, handle: asyncio.subprocess.Process) -> str:
         code = await handle.wait()
+        if self._memory is not None and self._memory.oom_kills() > self._oom_kills:
+            return f"killed by the kernel: out of memory (over its limit of {self.memory_mb:g} MB, memory_mb)"
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exited with code {code}"
@@ -54,3 +69,8 @@ class ProcessExecutor(SupervisedExecutor):
             with contextlib.suppress(ProcessLookupError):
                 handle.kill()
         await handle.wait()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._memory is not None:
+            self._memory.close()

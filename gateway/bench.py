@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--concurrency", type=int, help="closed loop: this many clients")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds (with --rate or --concurrency)")
     parser.add_argument("--shape", action="append", default=[], help="NAME=D1,D2,... for inputs with free dimensions (else 1)")
+    parser.add_argument("--timeout-ms", type=float, help="each request's own timeout (the protocol's timeout parameter)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -76,7 +77,9 @@ def arrival_times(steps: list[tuple[float, float]], rng: random.Random) -> list[
     return times
 
 
-def request_body(metadata: dict[str, Any], shapes: dict[str, list[int]], rng: np.random.Generator) -> bytes:
+def request_body(
+    metadata: dict[str, Any], shapes: dict[str, list[int]], rng: np.random.Generator, timeout_ms: float | None = None
+) -> bytes:
     inputs = []
     for spec in metadata["inputs"]:
         shape = shapes.get(spec["name"]) or [1 if d == -1 else d for d in spec["shape"]]
@@ -90,7 +93,10 @@ def request_body(metadata: dict[str, Any], shapes: dict[str, list[int]], rng: np
         else:
             data = rng.integers(0, 2, int(np.prod(shape))).tolist()
         inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": data})
-    return json.dumps({"inputs": inputs}).encode()
+    body: dict[str, Any] = {"inputs": inputs}
+    if timeout_ms is not None:
+        body["parameters"] = {"timeout": int(timeout_ms * 1000)}  # microseconds, as Triton
+    return json.dumps(body).encode()
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: Outcome) -> None:
@@ -176,7 +182,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     f"gateway bench: GET /v2/models/{args.model} answered {response.status}: {await response.text()}"
                 )
             metadata = await response.json()
-        body = request_body(metadata, shapes, np.random.default_rng(args.seed))
+        body = request_body(metadata, shapes, np.random.default_rng(args.seed), args.timeout_ms)
         url = f"{base}/v2/models/{args.model}/infer"
         started = time.perf_counter()
         if args.concurrency:

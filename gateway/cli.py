@@ -8,7 +8,7 @@ import importlib
 import logging
 import sys
 
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, exposure_error, load_config
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -23,6 +23,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         server = dataclasses.replace(server, port=args.port)
     config = dataclasses.replace(config, server=server)
+    refusal = exposure_error(server)
+    if refusal is not None:
+        print(f"gateway: {refusal}", file=sys.stderr)
+        return 2
     from executors.container import DockerUnavailable
     from executors.lifecycle import ExecutorStartError
     from gateway.server import run

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import ipaddress
 import math
 import os
 import tomllib
@@ -21,6 +22,16 @@ DEFAULT_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
 # Triton's HTTP endpoint accepts bodies up to 64 MiB by default; a 640x640 image as JSON fits.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A KServe request nests a few levels plus one per tensor dimension.
+DEFAULT_MAX_JSON_DEPTH = 32
+# 64 MiB of FP32: the most a default-size binary body can carry.
+DEFAULT_MAX_ELEMENTS = 16 * 1024 * 1024
+DEFAULT_REQUEST_TIMEOUT_MS = 60_000.0
+DEFAULT_DRAIN_TIMEOUT_S = 10.0
+DEFAULT_MAX_QUEUE_SIZE = 1024
+# A batch that takes 10 SLAs (at least 2 s) is not slow, it is stuck.
+HANG_TIMEOUT_SLAS = 10
+MIN_HANG_TIMEOUT_MS = 2000.0
 
 
 class ConfigError(ValueError):
@@ -35,6 +46,7 @@ class CpuExecutorConfig:
     threads: int
     min_cores: float
     max_cores: float
+    memory_mb: float | None = None  # the executor's memory limit; over it, it is killed and replaced
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,14 @@ class ModelConfig:
     drop_late: bool = False
     # The row of [gpu].profile that an emulated GPU uses for this model.
     gpu_profile: str | None = None
+    # Triton's queue policy: requests beyond this many waiting are refused at once (429).
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    # A batch with no reply within this long means a hung executor: it is killed and replaced.
+    hang_timeout_ms: float | None = None
+
+    @property
+    def hang_timeout_s(self) -> float:
+        return (self.hang_timeout_ms or max(MIN_HANG_TIMEOUT_MS, HANG_TIMEOUT_SLAS * self.sla_ms)) / 1000
 
 
 GPU_EXECUTORS = ("cuda", "emulated")
@@ -86,6 +106,15 @@ class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_elements: int = DEFAULT_MAX_ELEMENTS
+    # Every request ends: a client's own timeout (the protocol's ``timeout`` parameter, in
+    # microseconds as Triton reads it) is capped by this, which also applies when it gives none.
+    request_timeout_ms: float = DEFAULT_REQUEST_TIMEOUT_MS
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM/SIGINT, how long in-flight requests may finish
+    admin_token: str | None = None  # GATEWAY_ADMIN_TOKEN wins
+    data_token: str | None = None  # GATEWAY_DATA_TOKEN wins; none: the data plane is open
+    model_dir: Path | None = None  # model files must lie under it (default: the config file's folder)
 
 
 EXECUTOR_BACKENDS = ("process", "docker")
@@ -205,10 +234,18 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     base = source.resolve().parent
 
     server_table = root.table("server")
+    model_dir = server_table.get("model_dir", str, None)
     server = ServerConfig(
         host=server_table.get("host", str, DEFAULT_HOST),
         port=server_table.get("port", int, DEFAULT_PORT),
         max_body_bytes=server_table.positive("max_body_bytes", int, DEFAULT_MAX_BODY_BYTES),
+        max_json_depth=server_table.positive("max_json_depth", int, DEFAULT_MAX_JSON_DEPTH),
+        max_elements=server_table.positive("max_elements", int, DEFAULT_MAX_ELEMENTS),
+        request_timeout_ms=server_table.positive("request_timeout_ms", float, DEFAULT_REQUEST_TIMEOUT_MS),
+        drain_timeout_s=server_table.positive("drain_timeout_s", float, DEFAULT_DRAIN_TIMEOUT_S),
+        admin_token=_token("GATEWAY_ADMIN_TOKEN", server_table.get("admin_token", str, None)),
+        data_token=_token("GATEWAY_DATA_TOKEN", server_table.get("data_token", str, None)),
+        model_dir=(base / model_dir).resolve() if model_dir else base.resolve(),
     )
     if not 0 <= server.port <= 65535:
         raise ConfigError(source, "server.port", f"must be 0-65535, got {server.port}")
@@ -314,6 +351,11 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         model_path = Path(table.get("path", str))
         if not model_path.is_absolute():
             model_path = base / model_path
+        assert server.model_dir is not None
+        if not model_path.resolve().is_relative_to(server.model_dir):
+            raise ConfigError(
+                source, table.key("path"), f"{model_path} is outside the model directory {server.model_dir} (server.model_dir)"
+            )
         if not model_path.is_file():
             raise ConfigError(source, table.key("path"), f"no ONNX file at {model_path}")
         cpu_table = table.table("cpu")
@@ -325,6 +367,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             # ROMA's own controller clamps at 0.1 core: less leaves a model unable to answer at all.
             min_cores=cpu_table.positive("min_cores", float, 0.1),
             max_cores=max_cores,
+            memory_mb=cpu_table.positive("memory_mb", float, None),
         )
         if not cpu.min_cores <= cpu.cores <= cpu.max_cores:
             raise ConfigError(
@@ -353,6 +396,8 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             plant=plant,
             drop_late=table.get("drop_late", bool, False),
             gpu_profile=table.get("gpu_profile", str, None),
+            max_queue_size=table.positive("max_queue_size", int, DEFAULT_MAX_QUEUE_SIZE),
+            hang_timeout_ms=table.positive("hang_timeout_ms", float, None),
         )
         if gpu.executor == "emulated" and node.gpus and (models[name].gpu_profile or name) not in gpu.profiles:
             raise ConfigError(
@@ -362,6 +407,29 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     root.reject_unknown()
     return GatewayConfig(
         source=source, server=server, node=node, policy=policy, control=control, gpu=gpu, docker=docker, models=models
+    )
+
+
+def _token(variable: str, configured: str | None) -> str | None:
+    """A token from the environment wins over the config's; an empty one is none."""
+    return os.environ.get(variable) or configured or None
+
+
+def exposure_error(server: ServerConfig) -> str | None:
+    """Why the gateway must not listen where it is asked to, or None.
+
+    The admin API changes SLAs and cores: on any address but loopback it needs a token.
+    """
+    if server.admin_token is not None or server.host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(server.host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to anything
+    return (
+        f"refusing to serve the admin API on {server.host}, which is not a loopback address, without a token: "
+        "set GATEWAY_ADMIN_TOKEN (or server.admin_token), or listen on 127.0.0.1"
     )
 
 

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import random
 import shutil
 import tempfile
@@ -60,9 +61,9 @@ log = logging.getLogger("gateway")
 class RequestFailed(RuntimeError):
     """A request that was accepted but could not be served; ``status`` is its HTTP status."""
 
-    def __init__(self, message: str, status: int, outcome: str):
+    def __init__(self, message: str, status: int, outcome: str, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.outcome = status, outcome
+        self.status, self.outcome, self.headers = status, outcome, headers or {}
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Pending:
     deadline: float
     future: asyncio.Future[Result]
     batch_key: tuple = ()
+    timer: asyncio.TimerHandle | None = None
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
@@ -111,6 +113,7 @@ class ModelRuntime:
     cpu_profile: LatencyProfile | None = None
     gpu_profile: LatencyProfile | None = None
     devices: dict[str, int] = field(default_factory=dict)  # requests served, by device
+    received: int = 0  # infer requests received; each ends in exactly one of ``outcomes``
 
     def close_window(self, now: float, served: Window, demanded: float, granted: float) -> None:
         """ROMA's violation (Section 5): the mean response time of a control window over the SLA."""
@@ -172,12 +175,16 @@ class Engine:
                 device="cpu",
                 threads=model.cpu.threads,
                 cores=model.cpu.cores,
+                memory_mb=model.cpu.memory_mb,
                 socket_dir=self._socket_dir,
                 actuator=self.actuator,
                 on_change=self._on_executor_change,
             )
             self.models[name] = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[executor])
         self._ids = itertools.count(1)
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.gpu_executors: list[SupervisedExecutor] = []
         self.gpu_scheduler: GpuScheduler | None = None
         self._gpu_free_at: dict[str, float] = {}
@@ -249,9 +256,7 @@ class Engine:
         await self._profile()
         self.control.start()
         control = self.config.control
-        log.info(
-            "CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.enforced_by
-        )
+        log.info("CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.enforced_by)
 
     async def _profile(self) -> None:
         """Seed each model's latency profiles with a short profiling run on each kind of device."""
@@ -310,8 +315,21 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, runtime: ModelRuntime, request: InferRequest, arrival: float) -> asyncio.Future[Result]:
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
         pending = Pending(next(self._ids), request, arrival, arrival + runtime.sla_ms / 1000, future)
+        if len(runtime.queue) >= runtime.config.max_queue_size:
+            retry_after = self._retry_after_s(runtime)
+            future.set_exception(
+                RequestFailed(
+                    f"model '{runtime.name}' has {len(runtime.queue)} requests waiting, its limit (max_queue_size); "
+                    f"refused before any work was done, retry in {retry_after} s",
+                    429,
+                    "queue_full",
+                    {"Retry-After": str(retry_after)},
+                )
+            )
+            return future
         if runtime.config.drop_late:
             profiles = [p for p in (runtime.cpu_profile, runtime.gpu_profile) if p is not None]
             if profiles and not admissible(self._queued(runtime.name, pending), self.now, profiles):
@@ -329,18 +347,72 @@ class Engine:
             pending.batch_key = batch_key(request.inputs)
         if self.gpu_scheduler is not None:
             self.gpu_scheduler.on_arrival(runtime.name, self.now)
+        timeout_s = self.config.server.request_timeout_ms / 1000
+        if request.timeout_us:  # Triton reads 0 as no timeout of the client's own
+            timeout_s = min(timeout_s, request.timeout_us / 1e6)
+        pending.timer = loop.call_at(arrival + timeout_s, self._expire, runtime, pending, timeout_s)
+        self._active += 1
+        self._idle.clear()
+        future.add_done_callback(lambda _: self._ended(pending))
         runtime.queue.append(pending)
         self._pump()
         return future
+
+    def _ended(self, pending: Pending) -> None:
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._active -= 1
+        if not self._active:
+            self._idle.set()
+
+    def _expire(self, runtime: ModelRuntime, pending: Pending, timeout_s: float) -> None:
+        """The request's timeout passed: answer it now; queued, it is never run, running, its result is dropped."""
+        if pending.future.done():
+            return
+        try:
+            runtime.queue.remove(pending)
+            where = "waiting in the queue; it was not run"
+        except ValueError:
+            where = "while its batch ran; the result is discarded"
+        self._fail(runtime, pending, RequestFailed(f"timed out after {timeout_s * 1000:g} ms {where}", 504, "timeout"))
+        self.metrics.queue_length.labels(runtime.name).set(len(runtime.queue))
+
+    def _retry_after_s(self, runtime: ModelRuntime) -> int:
+        """Whole seconds until the queue has drained at the model's measured speed (at least 1)."""
+        profile = runtime.cpu_profile or runtime.gpu_profile
+        rows = sum(p.rows for p in runtime.queue)
+        servers = max(1, sum(e.ready for e in runtime.executors))
+        drain_ms = profile.latency_ms(1) * rows / servers if profile is not None else 1000.0
+        return max(1, math.ceil(drain_ms / 1000))
+
+    @property
+    def active(self) -> int:
+        """Requests accepted into a queue that have not ended yet."""
+        return self._active
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every accepted request has ended, at most ``timeout_s``; whether they all did."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     @staticmethod
     def _queued(model: str, pending: Pending) -> QueuedRequest:
         return QueuedRequest(pending.id, model, pending.arrival, pending.deadline, pending.rows)
 
+    def received(self, runtime: ModelRuntime) -> None:
+        """Account for an infer request that reached the model; ``record`` ends it."""
+        runtime.received += 1
+        self.metrics.received.labels(runtime.name).inc()
+        self.metrics.in_flight.labels(runtime.name).inc()
+
     def record(self, runtime: ModelRuntime, outcome: str, arrival: float | None = None, device: str = "cpu") -> None:
         """Account for a request that ended (``arrival`` given: it was served, on ``device``)."""
         runtime.outcomes[outcome] = runtime.outcomes.get(outcome, 0) + 1
         self.metrics.requests.labels(runtime.name, outcome).inc()
+        self.metrics.in_flight.labels(runtime.name).dec()
         if arrival is not None:
             rt_ms = (self.now - arrival) * 1000
             if rt_ms > runtime.sla_ms:
@@ -483,8 +555,13 @@ class Engine:
         profile = runtime.gpu_profile if on_gpu else runtime.cpu_profile
         if on_gpu and profile is not None:
             self._gpu_free_at[executor.id] = dispatched + profile.latency_ms(rows) / 1000
+        hang_s = runtime.config.hang_timeout_s
         try:
-            outputs, compute_ms = await executor.infer(runtime.name, stack_inputs(batch))
+            try:
+                outputs, compute_ms = await asyncio.wait_for(executor.infer(runtime.name, stack_inputs(batch)), hang_s)
+            except TimeoutError:
+                executor.kill_hung(f"no reply to a batch of {rows} within {hang_s:g} s (hang_timeout_ms)")
+                raise ExecutorFailed(f"it did not answer within {hang_s:g} s and was killed (hung)") from None
             parts = split_outputs(outputs, batch)
             if on_gpu and self.gpu_scheduler is not None:
                 self.gpu_scheduler.on_batch_done(runtime.name, rows, compute_ms)
@@ -542,6 +619,8 @@ class Engine:
                 "window_violations": runtime.window_violations,
                 "windows": runtime.windows,
                 "core_seconds": self.core_seconds(runtime),
+                "received": runtime.received,
+                "in_flight": runtime.received - sum(runtime.outcomes.values()),
                 "outcomes": dict(runtime.outcomes),
                 "served_on": dict(runtime.devices),
             },

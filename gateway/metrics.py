@@ -13,7 +13,10 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # The accounting invariant, at every moment: received = sum over outcomes of requests + in_flight.
+        self.received = Counter("gateway_requests_received", "Infer requests received for the model", ["model"], registry=r)
         self.requests = Counter("gateway_requests", "Requests that ended, by outcome", ["model", "outcome"], registry=r)
+        self.in_flight = Gauge("gateway_requests_in_flight", "Requests received that have not ended", ["model"], registry=r)
         self.queue_seconds = Histogram(
             "gateway_queue_seconds", "Time from arrival to dispatch", ["model"], buckets=LATENCY_BUCKETS, registry=r
         )

@@ -29,6 +29,14 @@ _ACCEPTED_KINDS.update({name: "iu" for name in KSERVE_TO_NUMPY if name.startswit
 _ACCEPTED_KINDS.update({name: "iuf" for name in ("FP16", "FP32", "FP64")})
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what one request may ask of the gateway (``[server]`` in the config)."""
+
+    max_json_depth: int = 32
+    max_elements: int = 16 * 1024 * 1024
+
+
 class InvalidRequest(ValueError):
     """A client mistake: answered with this status and the message, never a 5xx."""
 
@@ -50,12 +58,18 @@ class InferRequest:
     outputs: list[RequestedOutput]
     rows: int  # length of the batch dimension (1 for a model without one)
     parameters: dict[str, Any] = field(default_factory=dict)
+    timeout_us: int | None = None  # the client's own timeout (the ``timeout`` parameter, as Triton)
 
 
-def parse_infer_request(body: bytes, header_length: str | None, signature: ModelSignature, max_batch_size: int) -> InferRequest:
+def parse_infer_request(
+    body: bytes, header_length: str | None, signature: ModelSignature, max_batch_size: int, limits: Limits = Limits()
+) -> InferRequest:
     header, blobs = _split_body(body, header_length)
     if not isinstance(header, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    depth = json_depth(header, limits.max_json_depth)
+    if depth > limits.max_json_depth:
+        raise InvalidRequest(f"the request's JSON nests deeper than the limit of {limits.max_json_depth} levels")
     inputs_json = header.get("inputs")
     if not isinstance(inputs_json, list) or not inputs_json:
         raise InvalidRequest("'inputs' must be a non-empty list of tensors")
@@ -64,6 +78,9 @@ def parse_infer_request(body: bytes, header_length: str | None, signature: Model
         raise InvalidRequest("'parameters' must be an object")
     if "classification" in parameters:
         raise InvalidRequest("the classification extension is not supported")
+    timeout_us = parameters.get("timeout")
+    if timeout_us is not None and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0):
+        raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer of microseconds, got {timeout_us!r}")
 
     inputs: dict[str, np.ndarray] = {}
     offset = 0
@@ -77,7 +94,7 @@ def parse_infer_request(body: bytes, header_length: str | None, signature: Model
             raise InvalidRequest(f"unknown input '{name}'; the model's inputs are: {known}")
         if name in inputs:
             raise InvalidRequest(f"input '{name}' is given twice")
-        array, offset = _decode_input(item, spec, blobs, offset)
+        array, offset = _decode_input(item, spec, blobs, offset, limits)
         inputs[name] = array
     if blobs is not None and offset != len(blobs):
         raise InvalidRequest(f"{len(blobs) - offset} bytes of binary data follow the tensors that use them")
@@ -90,7 +107,34 @@ def parse_infer_request(body: bytes, header_length: str | None, signature: Model
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest("'id' must be a string")
-    return InferRequest(id=request_id, inputs=inputs, outputs=outputs, rows=rows, parameters=parameters)
+    return InferRequest(id=request_id, inputs=inputs, outputs=outputs, rows=rows, parameters=parameters, timeout_us=timeout_us)
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (a scalar is 0), looking no further than ``limit`` + 1 levels.
+
+    Lists of scalars (tensor data) are not walked element by element: a list whose first
+    element is a scalar ends there, and a container hidden behind it makes the tensor ragged,
+    which decoding refuses anyway.
+    """
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, list) and item and isinstance(item[0], (list, dict)):
+            children = item
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            continue
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[Any, memoryview | None]:
@@ -110,7 +154,9 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[Any, memoryview
         raise InvalidRequest(f"the request is not valid JSON: {error}") from None
 
 
-def _decode_input(item: dict[str, Any], spec: TensorSpec, blobs: memoryview | None, offset: int) -> tuple[np.ndarray, int]:
+def _decode_input(
+    item: dict[str, Any], spec: TensorSpec, blobs: memoryview | None, offset: int, limits: Limits
+) -> tuple[np.ndarray, int]:
     name = item["name"]
     datatype = item.get("datatype")
     if datatype != spec.datatype:
@@ -120,6 +166,12 @@ def _decode_input(item: dict[str, Any], spec: TensorSpec, blobs: memoryview | No
         raise InvalidRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
     if len(shape) != len(spec.shape) or any(s != -1 and s != d for s, d in zip(spec.shape, shape, strict=True)):
         raise InvalidRequest(f"input '{name}' has shape {shape}; the model expects {_shape_text(spec.shape)}")
+    if element_count(shape) > limits.max_elements:
+        raise InvalidRequest(
+            f"input '{name}' has {element_count(shape)} elements, over the limit of {limits.max_elements} per tensor "
+            "(server.max_elements)",
+            status=413,
+        )
     parameters = item.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
     if size is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import signal
@@ -17,24 +18,28 @@ from gateway import __version__
 from gateway.config import GatewayConfig
 from gateway.engine import Engine, ModelRuntime, RequestFailed
 from gateway.metrics import GatewayMetrics
-from gateway.protocol import InvalidRequest, encode_infer_response, parse_infer_request
+from gateway.openapi import openapi_document
+from gateway.protocol import InvalidRequest, Limits, encode_infer_response, parse_infer_request
 
 log = logging.getLogger("gateway")
 
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
+HANDLERS: web.AppKey[Handlers] = web.AppKey("handlers")
 SERVER_NAME = "gateway"
 # The only model version served; the protocol lets clients name it in the path.
 MODEL_VERSION = "1"
 
 
-def error_response(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
-async def errors_as_json(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves as JSON {"error": ...}; an unexpected one is logged and is a 500."""
     try:
         return await handler(request)
@@ -50,9 +55,37 @@ async def errors_as_json(
         return error_response(500, "internal error; see the gateway's log")
 
 
+def bearer_guard(admin_token: str | None, data_token: str | None) -> Middleware:
+    """The admin API needs the admin token; the data plane the data token when one is set.
+
+    Health, /metrics and /openapi.json stay open: probes and scrapers must reach them.
+    """
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path.startswith("/admin"):
+            token, plane = admin_token, "admin API"
+        elif path.startswith("/v2") and not path.startswith("/v2/health"):
+            token, plane = data_token, "data plane"
+        else:
+            token, plane = None, ""
+        if token is not None:
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+                problem = "the bearer token is wrong" if scheme.lower() == "bearer" else "no 'Authorization: Bearer' header"
+                return error_response(401, f"the {plane} needs a bearer token: {problem}", {"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return guard
+
+
 class Handlers:
     def __init__(self, engine: Engine):
         self.engine = engine
+        server = engine.config.server
+        self.limits = Limits(server.max_json_depth, server.max_elements)
+        self.draining = False  # set on SIGTERM/SIGINT: not ready, no new requests
 
     def _runtime(self, request: web.Request) -> ModelRuntime:
         name = request.match_info["model"]
@@ -75,7 +108,7 @@ class Handlers:
         return web.json_response({"live": True})
 
     async def ready(self, request: web.Request) -> web.Response:
-        ready = all(r.ready for r in self.engine.models.values())
+        ready = not self.draining and all(r.ready for r in self.engine.models.values())
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def model_metadata(self, request: web.Request) -> web.Response:
@@ -94,7 +127,8 @@ class Handlers:
 
     async def model_ready(self, request: web.Request) -> web.Response:
         runtime = self._runtime(request)
-        return web.json_response({"name": runtime.name, "ready": runtime.ready}, status=200 if runtime.ready else 503)
+        ready = runtime.ready and not self.draining
+        return web.json_response({"name": runtime.name, "ready": ready}, status=200 if ready else 503)
 
     async def model_config(self, request: web.Request) -> web.Response:
         """Triton's model configuration, which perf_analyzer reads before it sends anything."""
@@ -127,22 +161,42 @@ class Handlers:
         return web.json_response(config)
 
     async def infer(self, request: web.Request) -> web.Response:
+        """One infer request; it ends in exactly one outcome, accounted for in /metrics."""
         arrival = asyncio.get_running_loop().time()
         runtime = self._runtime(request)
-        assert runtime.signature is not None
-        body = await request.read()
+        self.engine.received(runtime)
+        outcome, served_on = "internal_error", None
         try:
-            parsed = parse_infer_request(
-                body, request.headers.get("Inference-Header-Content-Length"), runtime.signature, runtime.config.max_batch_size
-            )
+            response, outcome, served_on = await self._infer(request, runtime, arrival)
+            return response
         except InvalidRequest:
-            self.engine.record(runtime, "invalid")
+            outcome = "invalid"
             raise
+        except web.HTTPException as error:
+            outcome = "too_large" if error.status == 413 else "invalid"
+            raise
+        except (asyncio.CancelledError, ConnectionError):
+            outcome = "client_gone"
+            raise
+        finally:
+            self.engine.record(runtime, outcome, arrival if served_on else None, served_on or "cpu")
+
+    async def _infer(self, request: web.Request, runtime: ModelRuntime, arrival: float) -> tuple[web.Response, str, str | None]:
+        assert runtime.signature is not None
+        if self.draining:
+            return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
+        body = await request.read()
+        parsed = parse_infer_request(
+            body,
+            request.headers.get("Inference-Header-Content-Length"),
+            runtime.signature,
+            runtime.config.max_batch_size,
+            self.limits,
+        )
         try:
             result = await self.engine.submit(runtime, parsed, arrival)
         except RequestFailed as error:
-            self.engine.record(runtime, error.outcome)
-            return error_response(error.status, str(error))
+            return error_response(error.status, str(error), error.headers), error.outcome, None
         parameters = {
             "executed_on": result.executed_on,
             "batch_size": result.batch_size,
@@ -150,14 +204,14 @@ class Handlers:
             "compute_ms": round(result.compute_ms, 3),
         }
         payload, header_length = encode_infer_response(runtime.name, parsed, result.outputs, runtime.datatypes, parameters)
-        self.engine.record(runtime, "success", arrival, result.executed_on)
         if header_length is None:
-            return web.Response(body=payload, content_type="application/json")
-        return web.Response(
+            return web.Response(body=payload, content_type="application/json"), "success", result.executed_on
+        response = web.Response(
             body=payload,
             content_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
+        return response, "success", result.executed_on
 
     # -- admin ------------------------------------------------------------------------------
     async def admin_models(self, request: web.Request) -> web.Response:
@@ -218,6 +272,9 @@ class Handlers:
         self.engine.set_sla(runtime, float(sla))
         return web.json_response(self.engine.describe(runtime))
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(__version__))
+
     async def metrics(self, request: web.Request) -> web.Response:
         engine, metrics = self.engine, self.engine.metrics
         for runtime in engine.models.values():
@@ -229,10 +286,14 @@ class Handlers:
 
 
 def build_app(engine: Engine) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json], client_max_size=engine.config.server.max_body_bytes)
+    server = engine.config.server
+    app = web.Application(
+        middlewares=[errors_as_json, bearer_guard(server.admin_token, server.data_token)], client_max_size=server.max_body_bytes
+    )
     app[ENGINE] = engine
-    h = Handlers(engine)
+    h = app[HANDLERS] = Handlers(engine)
     routes = [
+        web.get("/openapi.json", h.openapi),
         web.get("/v2", h.server_metadata),
         web.get("/v2/health/live", h.live),
         web.get("/v2/health/ready", h.ready),
@@ -271,7 +332,8 @@ async def serve(config: GatewayConfig) -> None:
     """Start the executors, then the HTTP server; run until SIGINT or SIGTERM."""
     engine = Engine(config, GatewayMetrics())
     await engine.start()
-    runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False)
+    app = build_app(engine)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port)
     try:
@@ -285,9 +347,20 @@ async def serve(config: GatewayConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down")
-    # Stop listening, then end every queued and running request (they are answered 503), and
-    # only then close the HTTP side: its handlers are waiting on exactly those requests.
+    stop.clear()
+    # Drain: readiness goes false and new requests are answered 503 while the accepted ones
+    # finish, for at most drain_timeout_s (a second signal cuts it short). Then stop listening,
+    # end what is left (answered 503), and only then close the HTTP side: its handlers are
+    # waiting on exactly those requests.
+    app[HANDLERS].draining = True
+    log.info("shutting down: draining %d request(s) for at most %g s", engine.active, config.server.drain_timeout_s)
+    drained = asyncio.ensure_future(engine.drain(config.server.drain_timeout_s))
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({drained, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    if not (drained.done() and drained.result()):
+        drained.cancel()
+        log.warning("shutting down with %d request(s) unfinished: they are answered 503", engine.active)
     await site.stop()
     await engine.stop()
     await runner.cleanup()

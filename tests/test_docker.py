@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,9 +78,10 @@ async def container_cores(pid: int, url: str, seconds: float = 4.0) -> float:
 
 def test_docker_executors_serve_through_tritonclient(client, tmp_path, example_models):
     fixed_shape_model(tmp_path / "fixed.onnx")
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
     config = docker_config(
         tmp_path / "config.toml",
-        f'[models.mlp]\npath = "{example_models / "mlp.onnx"}"\nsla_ms = 100\nmax_batch_size = 8\n\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 100\nmax_batch_size = 8\n\n'
         '[models.fixed]\npath = "fixed.onnx"\nsla_ms = 100\n',
     )
     with run_gateway(config) as gateway:

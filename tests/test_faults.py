@@ -1,0 +1,161 @@
+"""Executor faults under load: kill -9, SIGSTOP (a hang) and out of memory. The affected requests
+are answered with an error, no request waits past its timeout, the executor is back within 5 s,
+and the control plane keeps its state."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import requests
+from onnx import TensorProto, helper
+
+from executors.memory import MemoryLimit
+from tests.helpers import busy_model, run_gateway, save_model
+
+TIMEOUT_S = 3.0
+BODY = {
+    "inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}],
+    "parameters": {"timeout": int(TIMEOUT_S * 1e6)},
+}
+
+
+def config(tmp_path: Path, extra: str = "") -> Path:
+    busy_model(tmp_path / "busy.onnx")
+    path = tmp_path / "config.toml"
+    path.write_text(
+        f"""
+[control]
+policy = "fixed"
+[models.busy]
+path = "busy.onnx"
+sla_ms = 100
+max_batch_size = 4
+hang_timeout_ms = 1000
+cpu = {{ cores = 0.7, threads = 1 }}
+{extra}
+"""
+    )
+    return path
+
+
+async def load(base: str, seconds: float, clients: int = 6) -> list[tuple[int, float, str]]:
+    """Closed-loop clients; (status, seconds it took, error) of every request."""
+    answers: list[tuple[int, float, str]] = []
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+
+        async def client() -> None:
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                async with session.post(f"{base}/v2/models/busy/infer", json=BODY) as response:
+                    body = await response.json()
+                    answers.append((response.status, time.monotonic() - started, body.get("error", "")))
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return answers
+
+
+def wait_replaced(base: str, old_pid: int, since: float, model: str = "busy", limit_s: float = 10.0) -> float:
+    """Seconds from ``since`` until the model's executor runs again under a new pid."""
+    while time.monotonic() - since < limit_s:
+        (executor,) = requests.get(f"{base}/admin/models/{model}", timeout=5).json()["executors"]
+        if executor["state"] == "ready" and executor["pid"] not in (None, old_pid):
+            return time.monotonic() - since
+        time.sleep(0.05)
+    raise AssertionError(f"the executor was not back within {limit_s} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "SIGSTOP-hang"])
+async def test_a_killed_or_hung_executor_is_replaced_within_5_s(tmp_path, sig):
+    with run_gateway(config(tmp_path)) as gateway:
+        before = gateway.admin("busy")
+        (executor,) = before["executors"]
+        traffic = asyncio.create_task(load(gateway.base, seconds=7.0))
+        await asyncio.sleep(1.5)
+        struck = time.monotonic()
+        os.kill(executor["pid"], sig)
+        back_after = await asyncio.to_thread(wait_replaced, gateway.base, executor["pid"], struck)
+        answers = await traffic
+
+        assert back_after < 5.0, back_after
+        statuses = {status for status, _, _ in answers}
+        assert statuses <= {200, 503, 504}, statuses
+        assert max(took for _, took, _ in answers) < TIMEOUT_S + 0.5  # nobody waited past its timeout
+        failed = [error for status, _, error in answers if status == 503]
+        assert failed and all("executor cpu-busy failed" in e for e in failed)
+        if sig == signal.SIGSTOP:
+            assert any("did not answer within 1 s and was killed (hung)" in e for e in failed)
+            assert "no reply to a batch" in gateway.output()
+        # Served again after the fault, and the control plane kept the executor's cores.
+        after = gateway.admin("busy")
+        assert after["executors"][0]["restarts"] == 1 and after["executors"][0]["cores"] == executor["cores"]
+        assert any(status == 200 and took for status, took, _ in answers[-20:])
+        assert requests.post(f"{gateway.base}/v2/models/busy/infer", json=BODY, timeout=10).status_code == 200
+        stats = gateway.admin("busy")["stats"]
+        assert stats["received"] == sum(stats["outcomes"].values()) == len(answers) + 1
+
+
+def memory_hog(path: Path) -> Path:
+    """y = Expand(x, shape): the client picks how much memory the output takes."""
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["y"])],
+        "hog",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])],
+    )
+    return save_model(graph, path)
+
+
+def memory_cgroup_reason() -> str | None:
+    probe = MemoryLimit("probe", 64)
+    try:
+        probe.group.mkdir(parents=True, exist_ok=True)
+        (probe.group / ("memory.limit_in_bytes" if probe.v1 else "memory.max")).write_text(str(64 << 20))
+    except OSError as error:
+        return f"no writable memory cgroup here ({error})"
+    finally:
+        probe.close()
+    return None
+
+
+def test_an_executor_out_of_memory_is_killed_answered_and_replaced(tmp_path):
+    reason = memory_cgroup_reason()
+    if reason:
+        pytest.skip(reason)
+    memory_hog(tmp_path / "hog.onnx")
+    (tmp_path / "config.toml").write_text(
+        '[models.hog]\npath = "hog.onnx"\nsla_ms = 1000\ncpu = { cores = 1.0, threads = 1, memory_mb = 300 }\n'
+    )
+
+    def body(rows: int) -> dict:
+        return {
+            "inputs": [
+                {"name": "x", "shape": [1], "datatype": "FP32", "data": [1.5]},
+                {"name": "shape", "shape": [2], "datatype": "INT64", "data": [rows, 1000]},
+            ]
+        }
+
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        url = f"{gateway.base}/v2/models/hog/infer"
+        small = requests.post(url, json=body(10), timeout=30)
+        assert small.status_code == 200 and np.allclose(small.json()["outputs"][0]["data"][:3], 1.5)
+        (executor,) = gateway.admin("hog")["executors"]
+        assert executor["memory_mb"] == 300
+        struck = time.monotonic()
+        huge = requests.post(url, json=body(200_000), timeout=30)  # 800 MB of output
+        assert huge.status_code == 503, huge.text
+        assert "executor cpu-hog failed" in huge.json()["error"]
+        wait_replaced(gateway.base, executor["pid"], struck, model="hog")
+        assert "out of memory (over its limit of 300 MB, memory_mb)" in gateway.output()
+        assert requests.post(url, json=body(10), timeout=30).status_code == 200
+
