@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 
 from gateway.simulate import load_zoo, simulate
-from schedulers.gpu import POLICIES
 
 HERE = Path(__file__).resolve().parent
 ZOO = HERE.parent.parent / "shared" / "data" / "symphony_zoo_1080ti.csv"
 GPUS = 64
+# The four policies of the comparison (round_robin, ROMA's baseline, is left to benchmarks/roma_eval.py).
+POLICIES = ("deferral", "roma", "work_conserving", "edf")
 SWEEP = [4000, 8000, 12000, 16000, 24000, 32000, 48000, 64000]
 MULTIPLES = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers.pi import DEFAULT_GAIN, DEFAULT_POLE, DEFAULT_ZERO, pi_gains
+from schedulers.gpu import POLICIES
 
 DEFAULT_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
@@ -81,7 +82,7 @@ class ModelConfig:
 
 
 GPU_EXECUTORS = ("cuda", "emulated")
-GPU_POLICIES = ("deferral", "roma", "work_conserving", "edf")
+GPU_POLICIES = POLICIES
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         if error.status < 400:
             raise
         message = error.text if error.text and not error.text.startswith(f"{error.status}:") else error.reason
-        return error_response(error.status, message)
+        # Keep what the status needs beside the body, such as the Allow of a 405 (RFC 9110).
+        kept = {k: v for k, v in error.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return error_response(error.status, message, kept)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "internal error; see the gateway's log")

@@ -15,6 +15,8 @@ side by side (``gateway simulate``):
   is schedulable).
 - ``work_conserving``: Symphony's work-conserving policy: no deferral, earliest sched_at first.
 - ``edf``: Clockwork-like earliest deadline first, no deferral.
+- ``round_robin``: the baselines of ROMA's evaluation (RR+CT, RR+rules, ...): the models take
+  turns, in the order they were added, no deferral.
 
 Every policy forms batches the same way (``schedulers.candidate``) and sets aside the requests
 that cannot finish in time, which the gateway refuses (``Refuse``) or serves late.
@@ -31,7 +33,7 @@ from schedulers.deficit import QUEUE_WEIGHT, SETPOINT_RATIO, deficit, estimated_
 from schedulers.profiles import LatencyProfile
 from schedulers.rate import ArrivalRate
 
-POLICIES = ("deferral", "roma", "work_conserving", "edf")
+POLICIES = ("deferral", "roma", "work_conserving", "edf", "round_robin")
 # ROMA's authors average the last 50 completed requests for the measured response time.
 RECENT = 50
 
@@ -82,6 +84,7 @@ class GpuScheduler:
         self.policy = policy
         self.setpoint_ratio, self.queue_weight = setpoint_ratio, queue_weight
         self.models: dict[str, GpuModel] = {}
+        self._last_served: str | None = None  # round_robin's turn
 
     def add_model(self, name: str, sla_ms: float, max_batch: int, profile: LatencyProfile, drop_late: bool = True) -> None:
         self.models[name] = GpuModel(sla_ms, max_batch, profile, drop_late)
@@ -125,6 +128,13 @@ class GpuScheduler:
                 out[name] = candidate
         return out
 
+    def _next_turn(self, ready: Mapping[str, Candidate]) -> str:
+        order = list(self.models)
+        start = order.index(self._last_served) + 1 if self._last_served in self.models else 0
+        chosen = next(order[(start + i) % len(order)] for i in range(len(order)) if order[(start + i) % len(order)] in ready)
+        self._last_served = chosen
+        return chosen
+
     def model_deficit(self, name: str, queue: Sequence[QueuedRequest], now: float) -> float:
         state = self.models[name]
         waited = [(now - r.arrival) * 1000 for r in queue]
@@ -154,6 +164,8 @@ class GpuScheduler:
                     chosen = min(ready, key=lambda n: (-value[n], ready[n].sched_at))
             elif self.policy == "work_conserving":
                 chosen = min(ready, key=lambda n: ready[n].sched_at)
+            elif self.policy == "round_robin":
+                chosen = self._next_turn(ready)
             else:
                 chosen = min(ready, key=lambda n: ready[n].deadline)
             candidate = ready[chosen]

@@ -183,3 +183,20 @@ def test_a_refusal_counts_as_a_violation_in_the_deficit():
     scheduler.on_refused("a", refused, 1.0)
     # R = mean(waited 500 ms + 6 ms): w = 0.5 x 10 + 0.5 x 506 = 258 ms against 80 ms.
     assert scheduler.model_deficit("a", queue, 1.0) == pytest.approx((258 - 80) / 80)
+
+
+def test_round_robin_gives_the_models_turns_whatever_their_deficit():
+    scheduler = GpuScheduler("round_robin")
+    for name in ("a", "b", "c"):
+        scheduler.add_model(name, sla_ms=100, max_batch=8, profile=linear(1, 5))
+    now = 1.0
+    # c is far behind its set point, a and b are not: turns still go a, b, c, a, ...
+    queues = {
+        "a": requests("a", [0.99], 0.1),
+        "b": requests("b", [0.99], 0.1, first_id=10),
+        "c": requests("c", [0.91], 0.1, first_id=20),
+    }
+    chosen = [scheduler.decide(now, "g", now, queues)[0].model for _ in range(4)]
+    assert chosen == ["a", "b", "c", "a"]
+    # A model with nothing queued loses its turn to the next.
+    assert scheduler.decide(now, "g", now, {"a": queues["a"], "c": queues["c"]})[0].model == "c"
