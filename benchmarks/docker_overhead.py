@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from serving import MODEL, ROOT, WORK, body, free_port, run_wrk, stop, wait_serving  # noqa: E402
+from serving import MODEL, ROOT, WORK, body, free_port, run_wrk, stop, wait_serving, wrk_script  # noqa: E402
 
 BACKENDS = ("process", "docker")
 CONNECTIONS = (1, 8)
@@ -49,14 +49,8 @@ def main() -> int:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: apt-get install -y wrk")
-    WORK.mkdir(exist_ok=True)
     payload = body()
-    script = WORK / "post.lua"
-    (WORK / "body.json").write_bytes(payload)
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f'local f = io.open("{WORK / "body.json"}", "r")\nwrk.body = f:read("*a")\nf:close()\n'
-    )
+    script = wrk_script(payload)
     runs: dict[str, list[dict[str, dict[str, float]]]] = {b: [] for b in BACKENDS}
     for round_ in range(args.rounds):
         for backend in BACKENDS if round_ % 2 == 0 else reversed(BACKENDS):

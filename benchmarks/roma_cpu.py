@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -62,15 +63,16 @@ def paper_table() -> dict[tuple[str, str], dict]:
         return {(r["test"], r["system"]): r for r in csv.DictReader(handle)}
 
 
-def write_config(path: Path, apps: list[dict], system: str, port: int) -> None:
-    """A system is a control policy, optionally with its set point: "pi@0.5" is PI at alpha = 0.5."""
-    policy, _, alpha = system.partition("@")
+def config_text(apps: list[dict], policy: str, port: int, *, alpha: str = "", gpu: tuple[str, ...] = ()) -> str:
+    """The config of one system: CPU control ``policy`` (at set point ``alpha``), and ``gpu``
+    lines for a [gpu] table (with one GPU on the node) or none."""
     lines = [
         "[server]",
         f"port = {port}",
         f'model_dir = "{MODELS}"',
         "[node]",
         f"cpu_cores = {NODE_CORES}",
+        *(["gpus = [0]", "[gpu]", *gpu] if gpu else []),
         "[control]",
         f'policy = "{policy}"',
         *([f"setpoint_ratio = {alpha}"] if alpha else []),
@@ -88,7 +90,13 @@ def write_config(path: Path, apps: list[dict], system: str, port: int) -> None:
             f"cpu = {{ cores = {NODE_CORES / len(apps)}, min_cores = {min_cores}, max_cores = {NODE_CORES}, threads = 2 }}",
             "",
         ]
-    path.write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def write_config(path: Path, apps: list[dict], system: str, port: int) -> None:
+    """A system is a control policy, optionally with its set point: "pi@0.5" is PI at alpha = 0.5."""
+    policy, _, alpha = system.partition("@")
+    path.write_text(config_text(apps, policy, port, alpha=alpha))
 
 
 async def drive(base: str, apps: list[dict], step_s: float, seed: int) -> dict[str, list[tuple[float, float, int]]]:
@@ -131,11 +139,19 @@ async def drive(base: str, apps: list[dict], step_s: float, seed: int) -> dict[s
     return results
 
 
-def run_system(test: str, apps: list[dict], policy: str, step_s: float, seed: int) -> dict:
-    port = 18000 + random.Random().randrange(1000)
-    config = WORK / f"roma-{test}-{policy}.toml"
-    write_config(config, apps, policy, port)
-    log_path = WORK / f"roma-{test}-{policy}.log"
+@dataclass
+class Served:
+    """What one run of a system gave: the clients' view and the admin API's before and after."""
+
+    results: dict[str, list[tuple[float, float, int]]]
+    before: dict[str, dict]
+    after: dict[str, dict]
+    histories: dict[str, list[dict]]
+
+
+def serve_and_drive(config: Path, port: int, apps: list[dict], step_s: float, seed: int) -> Served:
+    """Start `gateway serve` on ``config``, drive the test's load through it, read the admin API, stop it."""
+    log_path = config.with_suffix(".log")
     with log_path.open("wb") as log:
         command = [sys.executable, "-m", "gateway.cli", "serve", str(config)]
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -158,6 +174,15 @@ def run_system(test: str, apps: list[dict], policy: str, step_s: float, seed: in
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+    return Served(results, before, after, histories)
+
+
+def run_system(test: str, apps: list[dict], policy: str, step_s: float, seed: int) -> dict:
+    port = 18000 + random.Random().randrange(1000)
+    config = WORK / f"roma-{test}-{policy}.toml"
+    write_config(config, apps, policy, port)
+    served = serve_and_drive(config, port, apps, step_s, seed)
+    results, before, after, histories = served.results, served.before, served.after, served.histories
 
     latencies = [lat for rows in results.values() for _, lat, status in rows if status == 200] or [float("nan")]
     errors = sum(1 for rows in results.values() for *_, status in rows if status != 200)

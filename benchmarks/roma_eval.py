@@ -39,24 +39,20 @@ benchmarks/work/roma_eval.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-import requests
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from roma_cpu import MODELS, NODE_CORES, ROOT, STAND_INS, WORK, drive, load_tests, paper_table  # noqa: E402
+from roma_cpu import MODELS, ROOT, STAND_INS, WORK, config_text, load_tests, paper_table, serve_and_drive  # noqa: E402
 
 DOCS = ROOT / "docs" / "roma"
 GPU_SPEEDUP = 1.0
@@ -97,64 +93,21 @@ def write_profile(path: Path) -> dict[str, float]:
 
 def write_config(path: Path, apps: list[dict], system: str, port: int, profile: Path, gpu_executor: str) -> None:
     gpu_policy, control, _ = SYSTEMS[system]
-    lines = [
-        "[server]",
-        f"port = {port}",
-        f'model_dir = "{MODELS}"',
-        "[node]",
-        f"cpu_cores = {NODE_CORES}",
-        "gpus = [0]",
-        "[control]",
-        f'policy = "{control}"',
-        "[gpu]",
+    gpu = (
         f'executor = "{gpu_executor}"',
         f'profile = "{profile}"',
         f'policy = "{gpu_policy}"',
         'emulated_outputs = "zeros"',  # the emulated GPU must not spend this machine's cores
-        "",
-    ]
-    min_cores = NODE_CORES / 6 / len(apps) if control == "min" else 0.05
-    for app in apps:
-        model = STAND_INS[app["app"]]
-        lines += [
-            f"[models.{model}]",
-            f'path = "{MODELS / model}.onnx"',
-            f"sla_ms = {app['sla_ms']}",
-            "max_batch_size = 8",
-            f"cpu = {{ cores = {NODE_CORES / len(apps)}, min_cores = {min_cores}, max_cores = {NODE_CORES}, threads = 2 }}",
-            "",
-        ]
-    path.write_text("\n".join(lines))
+    )
+    path.write_text(config_text(apps, control, port, gpu=gpu))
 
 
 def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: int, profile: Path, gpu: str) -> dict:
     port = 19000 + random.Random().randrange(1000)
     config = WORK / f"eval-{test}-{system}.toml"
     write_config(config, apps, system, port, profile, gpu)
-    log_path = WORK / f"eval-{test}-{system}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", str(config)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"{base}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"gateway did not start; see {log_path}")
-            time.sleep(0.2)
-        before = {m["name"]: m for m in requests.get(f"{base}/admin/models", timeout=10).json()["models"]}
-        results = asyncio.run(drive(base, apps, step_s, seed))
-        after = {m["name"]: m for m in requests.get(f"{base}/admin/models", timeout=10).json()["models"]}
-        histories = {name: requests.get(f"{base}/admin/models/{name}/history", timeout=10).json()["history"] for name in after}
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
+    served = serve_and_drive(config, port, apps, step_s, seed)
+    results, before, after, histories = served.results, served.before, served.after, served.histories
 
     latencies = [lat for rows in results.values() for _, lat, status in rows if status == 200] or [float("nan")]
 

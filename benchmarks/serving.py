@@ -80,6 +80,18 @@ def wait_serving(url: str, payload: bytes, process: subprocess.Popen, timeout: f
     raise TimeoutError(f"{url} did not answer within {timeout} s")
 
 
+def wrk_script(payload: bytes) -> Path:
+    """A wrk Lua script that POSTs ``payload`` as JSON (written under benchmarks/work/)."""
+    WORK.mkdir(exist_ok=True)
+    script = WORK / "post.lua"
+    (WORK / "body.json").write_bytes(payload)
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f'local f = io.open("{WORK / "body.json"}", "r")\nwrk.body = f:read("*a")\nf:close()\n'
+    )
+    return script
+
+
 def _ms(text: str) -> float:
     value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
@@ -156,14 +168,8 @@ def main() -> int:
         raise SystemExit("wrk is missing: apt-get install -y wrk")
     if not MODEL.exists():
         raise SystemExit("examples/models/mlp.onnx is missing: python examples/make_models.py")
-    WORK.mkdir(exist_ok=True)
     payload = body()
-    script = WORK / "post.lua"
-    (WORK / "body.json").write_bytes(payload)
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f'local f = io.open("{WORK / "body.json"}", "r")\nwrk.body = f:read("*a")\nf:close()\n'
-    )
+    script = wrk_script(payload)
 
     results: dict[str, object] = {"machine": f"{os.cpu_count()} cores, {sys.version.split()[0]}", "duration_s": args.duration}
     results["compute_floor"] = compute_floor()
