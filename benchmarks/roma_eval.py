@@ -153,7 +153,8 @@ def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: in
 
 
 def plot(rows: list[dict], test: str) -> Path:
-    """Figure 2 of the paper for one test: per system, RT per control period against the SLA, and cores."""
+    """Figure 2 of the paper for one test: per system, the mean response time of each second's
+    requests (both devices) against the SLA, and each model's CPU cores per control period."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,23 +167,25 @@ def plot(rows: list[dict], test: str) -> Path:
         top, bottom = axes[0][column], axes[1][column]
         for index, (name, model) in enumerate(row["per_model"].items()):
             color = f"C{index}"
-            history = [h for h in model["history"] if h["t"]]
-            if not history:
-                continue
-            t0 = history[0]["t"]
-            times = [h["t"] - t0 for h in history]
-            top.plot(times, [h["mean_rt_ms"] if h["requests"] else np.nan for h in history], color=color, lw=0.8,
+            windows: dict[int, list[float]] = {}
+            for sent, latency in model["samples"]:
+                windows.setdefault(int(sent), []).append(latency)
+            seconds = sorted(windows)
+            top.plot(seconds, [statistics.fmean(windows[t]) for t in seconds], color=color, lw=0.8,
                      label=f"{model['app']} ({name})")  # fmt: skip
             top.axhline(model["sla_ms"], color=color, ls="--", lw=0.8)
-            bottom.plot(times, [h["cores"] for h in history], color=color, lw=0.8)
+            history = model["history"]
+            if history:
+                t0 = history[0]["t"]
+                bottom.plot([h["t"] - t0 for h in history], [h["cores"] for h in history], color=color, lw=0.8)
         title = SYSTEMS[row["system"]][2] or "ours (deferral)"
-        top.set_title(f"{title}: V={row['window_violations']}, {row['core_seconds']:.0f} core-s", fontsize=9)
-        top.set_ylabel("RT per 1 s period (ms)")
+        top.set_title(f"{title}: V={client_window_violations(row)}, {row['core_seconds']:.0f} core-s", fontsize=9)
+        top.set_ylabel("mean RT per 1 s (ms)")
         top.set_yscale("log")
         bottom.set_ylabel("cores")
         bottom.set_xlabel("s")
     axes[0][0].legend(fontsize=7)
-    figure.suptitle(f"{test}: response time against the SLA (dashed) and CPU cores, per system")
+    figure.suptitle(f"{test}: response time (all requests) against the SLA (dashed), and CPU cores", fontsize=10)
     figure.tight_layout()
     DOCS.mkdir(parents=True, exist_ok=True)
     path = DOCS / f"{test}.png"
@@ -191,13 +194,27 @@ def plot(rows: list[dict], test: str) -> Path:
     return path
 
 
+def client_window_violations(row: dict) -> int:
+    """1 s windows (by sending time) whose mean response time over all of a model's requests,
+    on either device, was over its SLA: ROMA's V as the clients see it. The admin API's own
+    window count covers the CPU-served requests only, which is what the CT controllers regulate."""
+    count = 0
+    for model in row["per_model"].values():
+        windows: dict[int, list[float]] = {}
+        for sent, latency in model["samples"]:
+            windows.setdefault(int(sent), []).append(latency)
+        count += sum(1 for values in windows.values() if statistics.fmean(values) > model["sla_ms"])
+    return count
+
+
 def print_table(rows: list[dict]) -> None:
     paper = paper_table()
     print(
-        "\n| test | system | mean ms | max ms | std ms | V (1 s windows) | V (requests) | core-s | GPU / CPU requests | errors "
+        "\n| test | system | mean ms | max ms | std ms | V (1 s windows) | V (CPU windows) | V (requests) | core-s "
+        "| GPU / CPU requests | errors "
         "| paper: mean s | max s | std s | V | core-s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in sorted(rows, key=lambda r: (r["test"], list(SYSTEMS).index(r["system"]))):
         name = SYSTEMS[row["system"]][2]
         p = paper.get((row["test"], name)) if name else None
@@ -208,7 +225,8 @@ def print_table(rows: list[dict]) -> None:
         )
         print(
             f"| {row['test']} | {name or 'ours (deferral + PI)'} | {row['mean_rt_ms']:.1f} | {row['max_rt_ms']:.0f} | "
-            f"{row['std_rt_ms']:.1f} | {row['window_violations']} | {row['request_violations']} | {row['core_seconds']:.0f} | "
+            f"{row['std_rt_ms']:.1f} | {client_window_violations(row)} | {row['window_violations']} | "
+            f"{row['request_violations']} | {row['core_seconds']:.0f} | "
             f"{row['served_gpu']} / {row['served_cpu']} | {row['errors']} | {theirs} |"
         )
 
