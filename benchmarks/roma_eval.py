@@ -207,6 +207,30 @@ def client_window_violations(row: dict) -> int:
     return count
 
 
+def print_steps(rows: list[dict], step_s: float) -> None:
+    """Where the violations are: per test, model and rate step, the violating 1 s windows of each system."""
+    for test in sorted({r["test"] for r in rows}):
+        chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: list(SYSTEMS).index(r["system"]))
+        names = [SYSTEMS[r["system"]][2] or "ours" for r in chosen]
+        print(f"\n{test}: violating 1 s windows per rate step (steps of {step_s:g} s)")
+        print("| model | step | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for model in chosen[0]["per_model"]:
+            steps = len(next(a for a in load_tests()[test] if STAND_INS[a["app"]] == model)["rates"])
+            for step in range(steps):
+                cells = []
+                for row in chosen:
+                    windows: dict[int, list[float]] = {}
+                    for sent, latency in row["per_model"][model]["samples"]:
+                        if step * step_s <= sent < (step + 1) * step_s:
+                            windows.setdefault(int(sent), []).append(latency)
+                    sla = row["per_model"][model]["sla_ms"]
+                    cells.append(str(sum(1 for v in windows.values() if statistics.fmean(v) > sla)))
+                if any(c != "0" for c in cells):
+                    app = chosen[0]["per_model"][model]["app"]
+                    print(f"| {app} ({model}) | {step + 1} | " + " | ".join(cells) + " |")
+
+
 def print_table(rows: list[dict]) -> None:
     paper = paper_table()
     print(
@@ -266,8 +290,10 @@ def main() -> int:
                     flush=True,
                 )
         rows = json.loads(out_path.read_text())
+    step_s = rows.get("step_s", args.step_s) if isinstance(rows, dict) else args.step_s
     rows = rows["rows"] if isinstance(rows, dict) else rows
     print_table(rows)
+    print_steps(rows, step_s)
     for test in sorted({r["test"] for r in rows}):
         print("plot:", plot(rows, test))
     return 0
