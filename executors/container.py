@@ -40,7 +40,7 @@ import docker.errors
 import psutil
 from docker.models.containers import Container
 
-from executors.lifecycle import SupervisedExecutor
+from executors.lifecycle import ExecutorStartError, SupervisedExecutor
 from supervisor.actuation import CFS_PERIOD_US, quota_us
 
 log = logging.getLogger("executors")
@@ -54,7 +54,7 @@ IMAGE_MODELS_DIR = "/models"
 IMAGE_SOCKET_DIR = "/run/gateway"
 
 
-class DockerUnavailable(RuntimeError):
+class DockerUnavailable(ExecutorStartError):
     """The Docker daemon cannot be reached, or cannot run what the config asks for."""
 
 

@@ -212,7 +212,19 @@ class SupervisedExecutor(abc.ABC):
         loop = asyncio.get_running_loop()
         while not self._stopping:
             self._set_state("starting")
-            handle = self._handle = await self._launch()
+            try:
+                handle = self._handle = await self._launch()
+            except Exception as error:  # the backend could not even start it (no image, no runtime, ...)
+                if not first_start.done():
+                    self._set_state("failed")
+                    first_start.set_exception(
+                        error if isinstance(error, ExecutorStartError) else ExecutorStartError(f"executor {self.id}: {error}")
+                    )
+                    return
+                log.error("executor %s could not be started: %s; retrying in %.1f s", self.id, error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESTART_DELAY_MAX_S)
+                continue
             exited = asyncio.ensure_future(self._wait_exit(handle))
             accepted = asyncio.ensure_future(self._accepted.get())
             done, _ = await asyncio.wait({exited, accepted}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)

@@ -140,7 +140,11 @@ async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, t
 
 async def test_a_killed_container_is_replaced_and_every_request_ends(client, tmp_path):
     busy_model(tmp_path / "busy.onnx")
-    config = docker_config(tmp_path / "config.toml", '[models.busy]\npath = "busy.onnx"\nsla_ms = 100\nmax_batch_size = 4\n')
+    # Half a core: a batch takes tens of ms against a gap of about one, so the kill meets one in flight.
+    config = docker_config(
+        tmp_path / "config.toml",
+        '[models.busy]\npath = "busy.onnx"\nsla_ms = 100\nmax_batch_size = 4\ncpu = { cores = 0.5, threads = 1 }\n',
+    )
     with run_gateway(config) as gateway:
         (first,) = gateway.admin("busy")["executors"]
         load = asyncio.create_task(_load(gateway.base, seconds=5.0, clients=8))

@@ -158,4 +158,3 @@ def test_an_executor_out_of_memory_is_killed_answered_and_replaced(tmp_path):
         wait_replaced(gateway.base, executor["pid"], struck, model="hog")
         assert "out of memory (over its limit of 300 MB, memory_mb)" in gateway.output()
         assert requests.post(url, json=body(10), timeout=30).status_code == 200
-
