@@ -214,3 +214,25 @@ def test_the_gateway_process_pid_labels_match_a_live_gateway(client, tmp_path):
         first.process.wait(timeout=20)
         assert owned_by(client, first.process.pid) == []
         assert second.admin("busy")["executors"][0]["state"] == "ready"
+
+
+def test_a_gpu_container_without_the_nvidia_runtime_is_a_clear_error(client, tmp_path):
+    if "nvidia" in client.info().get("Runtimes", {}):
+        pytest.skip("this Docker daemon has the NVIDIA runtime: a GPU container would start")
+    busy_model(tmp_path / "busy.onnx")
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[node]\ncpu_cores = 2\ngpus = [0]\nexecutor_backend = "docker"\n[gpu]\nexecutor = "cuda"\n'
+        '[models.busy]\npath = "busy.onnx"\nsla_ms = 100\n'
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", "0"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    assert "needs gpu:0 in a container, but this Docker daemon has no NVIDIA runtime" in stderr
+    assert owned_by(client, process.pid) == []  # the CPU executor's container went with it
