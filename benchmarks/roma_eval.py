@@ -43,7 +43,6 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from roma_cpu import MODELS, ROOT, STAND_INS, WORK, config_text, load_tests, paper_table, serve_and_drive  # noqa: E402
+from serving import median_ms  # noqa: E402
 
 DOCS = ROOT / "docs" / "roma"
 GPU_SPEEDUP = 1.0
@@ -74,14 +74,7 @@ def cpu_time_ms(model: str) -> float:
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(MODELS / f"{model}.onnx"), options, providers=["CPUExecutionProvider"])
     x = np.full((1, 1, 8, 8), 0.5, np.float32)
-    for _ in range(20):
-        session.run(None, {"x": x})
-    samples = []
-    for _ in range(100):
-        started = time.perf_counter()
-        session.run(None, {"x": x})
-        samples.append((time.perf_counter() - started) * 1000)
-    return float(np.median(samples))
+    return median_ms(lambda: session.run(None, {"x": x}), 20, 100)
 
 
 def write_profile(path: Path) -> dict[str, float]:

@@ -23,6 +23,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,18 @@ def body() -> bytes:
     return json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": data}]}).encode()
 
 
+def median_ms(call: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Median wall time of ``call`` in milliseconds, after ``warmup`` calls."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return float(np.median(samples)) * 1000
+
+
 def compute_floor() -> dict[str, float]:
     """Median time of one onnxruntime call in process (one intra-op thread, as the executor)."""
     options = ort.SessionOptions()
@@ -55,14 +68,7 @@ def compute_floor() -> dict[str, float]:
     floor = {}
     for rows in (1, 8, 32):
         x = np.random.default_rng(rows).standard_normal((rows, 512)).astype(np.float32)
-        for _ in range(50):
-            session.run(["y"], {"x": x})
-        samples = []
-        for _ in range(500):
-            started = time.perf_counter()
-            session.run(["y"], {"x": x})
-            samples.append(time.perf_counter() - started)
-        floor[f"batch_{rows}_ms"] = round(float(np.median(samples)) * 1000, 4)
+        floor[f"batch_{rows}_ms"] = round(median_ms(lambda x=x: session.run(["y"], {"x": x}), 50, 500), 4)
     return floor
 
 

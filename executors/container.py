@@ -166,6 +166,11 @@ class DockerExecutor(SupervisedExecutor):
         self._resize: asyncio.Task[None] | None = None
 
     # -- launching --------------------------------------------------------------------------
+    @property
+    def _socket_dir_inside(self) -> Path:
+        """Where the container sees the socket directory: the same path, or the image's."""
+        return self.socket_path.parent if self.docker.host_runtime else Path(IMAGE_SOCKET_DIR)
+
     def _mounts(self) -> tuple[dict[str, dict[str, str]], dict[str, Path]]:
         """Bind mounts, and where each model file is seen inside the container."""
         volumes: dict[str, dict[str, str]] = {}
@@ -173,18 +178,15 @@ class DockerExecutor(SupervisedExecutor):
             for path in {"/usr", sys.base_prefix, sys.prefix, str(_PROJECT_ROOT), "/etc/ld.so.cache"}:
                 volumes[path] = {"bind": path, "mode": "ro"}
             inside = {name: path.resolve() for name, path in self.models.items()}
-            socket_dir = str(self.socket_path.parent)
         else:
             inside = {name: Path(IMAGE_MODELS_DIR) / f"{name}.onnx" for name in self.models}
-            socket_dir = IMAGE_SOCKET_DIR
         for name, path in self.models.items():
             volumes[str(path.resolve())] = {"bind": str(inside[name]), "mode": "ro"}
-        volumes[str(self.socket_path.parent)] = {"bind": socket_dir, "mode": "rw"}
+        volumes[str(self.socket_path.parent)] = {"bind": str(self._socket_dir_inside), "mode": "rw"}
         return volumes, inside
 
     def _command(self, inside: dict[str, Path]) -> list[str]:
-        socket_dir = self.socket_path.parent if self.docker.host_runtime else Path(IMAGE_SOCKET_DIR)
-        arguments = self.worker_arguments(f"unix:{socket_dir / self.socket_path.name}", inside)
+        arguments = self.worker_arguments(f"unix:{self._socket_dir_inside / self.socket_path.name}", inside)
         python = sys.executable if self.docker.host_runtime else "python"
         return [python, *arguments]
 

@@ -188,3 +188,14 @@ def busy_model(path: Path, layers: int = 4, width: int = 64) -> Path:
     import make_models
 
     return save_model(make_models.upconv(np.random.default_rng(0), "busy", layers, width), path)
+
+
+def busy_config(folder: Path, *, sla_ms: float, max_batch_size: int, cores: float, server: str = "", model: str = "") -> Path:
+    """busy.onnx served alone at fixed ``cores`` (one thread); ``server`` and ``model`` add config lines."""
+    busy_model(folder / "busy.onnx")
+    path = folder / "config.toml"
+    path.write_text(
+        f'[server]\n{server}\n[control]\npolicy = "fixed"\n[models.busy]\npath = "busy.onnx"\nsla_ms = {sla_ms}\n'
+        f"max_batch_size = {max_batch_size}\ncpu = {{ cores = {cores}, threads = 1 }}\n{model}\n"
+    )
+    return path

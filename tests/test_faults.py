@@ -17,7 +17,7 @@ import requests
 from onnx import TensorProto, helper
 
 from executors.memory import MemoryLimit
-from tests.helpers import busy_model, run_gateway, save_model
+from tests.helpers import busy_config, run_gateway, save_model
 
 TIMEOUT_S = 3.0
 BODY = {
@@ -26,23 +26,8 @@ BODY = {
 }
 
 
-def config(tmp_path: Path, extra: str = "") -> Path:
-    busy_model(tmp_path / "busy.onnx")
-    path = tmp_path / "config.toml"
-    path.write_text(
-        f"""
-[control]
-policy = "fixed"
-[models.busy]
-path = "busy.onnx"
-sla_ms = 100
-max_batch_size = 4
-hang_timeout_ms = 1000
-cpu = {{ cores = 0.7, threads = 1 }}
-{extra}
-"""
-    )
-    return path
+def config(tmp_path: Path) -> Path:
+    return busy_config(tmp_path, sla_ms=100, max_batch_size=4, cores=0.7, model="hang_timeout_ms = 1000")
 
 
 async def load(base: str, seconds: float, clients: int = 6) -> list[tuple[int, float, str]]:

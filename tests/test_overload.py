@@ -19,29 +19,13 @@ import psutil
 import requests
 import tritonclient.http as triton
 
-from tests.helpers import ROOT, busy_model, run_gateway
+from tests.helpers import ROOT, busy_config, run_gateway
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}
 
 
-def config(tmp_path, server: str = "", model: str = "") -> object:
-    busy_model(tmp_path / "busy.onnx")
-    path = tmp_path / "config.toml"
-    path.write_text(
-        f"""
-[server]
-{server}
-[control]
-policy = "fixed"
-[models.busy]
-path = "busy.onnx"
-sla_ms = 1000
-max_batch_size = 4
-cpu = {{ cores = 0.5, threads = 1 }}
-{model}
-"""
-    )
-    return path
+def config(tmp_path, server: str = "", model: str = "", cores: float = 0.5, max_batch_size: int = 4) -> Path:
+    return busy_config(tmp_path, sla_ms=1000, max_batch_size=max_batch_size, cores=cores, server=server, model=model)
 
 
 def accounting(metrics: str, model: str = "busy") -> tuple[float, float, float]:
@@ -83,8 +67,7 @@ async def test_a_full_queue_refuses_at_once_with_429_and_retry_after(tmp_path):
 
 async def test_a_request_past_its_timeout_is_answered_and_never_run(tmp_path):
     # 0.1 core: a backlog of 40 takes seconds; each asks for 300 ms (Triton's timeout, in us).
-    path = config(tmp_path)
-    path.write_text(path.read_text().replace("cores = 0.5", "cores = 0.1").replace("max_batch_size = 4", "max_batch_size = 1"))
+    path = config(tmp_path, cores=0.1, max_batch_size=1)
     with run_gateway(path) as gateway:
         started = time.monotonic()
         answers = await burst(gateway.base, 40, {**BODY, "parameters": {"timeout": 300_000}})
@@ -119,8 +102,7 @@ async def test_a_request_past_its_timeout_is_answered_and_never_run(tmp_path):
 
 
 async def test_the_configured_cap_bounds_requests_without_a_timeout_of_their_own(tmp_path):
-    path = config(tmp_path, server="request_timeout_ms = 400")
-    path.write_text(path.read_text().replace("cores = 0.5", "cores = 0.1").replace("max_batch_size = 4", "max_batch_size = 1"))
+    path = config(tmp_path, server="request_timeout_ms = 400", cores=0.1, max_batch_size=1)
     with run_gateway(path) as gateway:
         capped = await burst(gateway.base, 30, {**BODY, "parameters": {"timeout": 60_000_000}})  # asks for 60 s
         errors = [body["error"] for status, _, body in capped if status == 504]

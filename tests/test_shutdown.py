@@ -11,28 +11,13 @@ import aiohttp
 import pytest
 import requests
 
-from tests.helpers import busy_model, run_gateway
+from tests.helpers import busy_config, run_gateway
 
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
 
 
 def config(tmp_path, drain_s: float):
-    busy_model(tmp_path / "busy.onnx")
-    path = tmp_path / "config.toml"
-    path.write_text(
-        f"""
-[server]
-drain_timeout_s = {drain_s}
-[control]
-policy = "fixed"
-[models.busy]
-path = "busy.onnx"
-sla_ms = 100
-max_batch_size = 1
-cpu = {{ cores = 0.1, threads = 1 }}
-"""
-    )
-    return path
+    return busy_config(tmp_path, sla_ms=100, max_batch_size=1, cores=0.1, server=f"drain_timeout_s = {drain_s}")
 
 
 async def backlog(base: str, session: aiohttp.ClientSession, count: int) -> list[asyncio.Task[tuple[int, str, float]]]:
