@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from gateway.simulate import load_zoo, simulate
+from gateway.tools.simulate import load_zoo, simulate
 
 HERE = Path(__file__).resolve().parent
 ZOO = HERE.parent.parent / "shared" / "data" / "symphony_zoo_1080ti.csv"

@@ -31,6 +31,13 @@ consequences, both measured (docs/BENCHMARKS.md):
   overload and would hide how far behind the queue is. Below it, e = 1 - y is capped at -1, so
   an over-provisioned executor gives back cores at a bounded pace (an idle one at -1). The two readings agree to first order
   at the set point.
+- The response time read is ``Window.response_ms``: the mean of the requests completed in the
+  period, raised to the age of the oldest request still queued or running when that is larger.
+  A request's age is a lower bound on its response time, and ROMA's measured variable is the
+  response time of the queue (tau_R = tau_Q + tau_P, Section 4), not only of what left it. A
+  period with no completion is idle (e = -1) only when nothing waits either: an executor
+  starved at its floor (a full queue, a batch still running) reads as late, by as much as its
+  oldest request has waited, and gets cores at the next step instead of losing them.
 - With a delayed static plant of gain k, the closed loop of (11) has the characteristic
   polynomial z^2 + (Kk - 1) z - Kk a. The defaults b = 2 (sqrt 2 - 1) and q = 1 / sqrt 2 make
   equation (12) give a = 0 and K = 1 / k exactly, so that with the identified k the real loop
@@ -42,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from controllers.base import clamp
+from controllers.base import Window, clamp
 
 # Set point: alpha x SLA. ROMA Section 5 ran alpha = 0.8.
 SETPOINT_RATIO = 0.8
@@ -83,7 +90,7 @@ def pi_gains(k: float, b: float, q: float) -> PIGains:
 def tracking_error(mean_rt_ms: float | None, sla_ms: float, setpoint_ratio: float) -> float:
     """How far the executor is from the set point, in set points: > 0 too slow, < 0 too fast."""
     if mean_rt_ms is None or mean_rt_ms <= 0:
-        return -1.0  # nothing was served: nothing waits, give back at the full pace
+        return -1.0  # nothing completed and nothing waits (Window.response_ms): give back at the full pace
     ratio = mean_rt_ms / (setpoint_ratio * sla_ms)
     if ratio >= 1:
         return min(OVERLOAD_ERROR_CAP, ratio - 1)
@@ -123,9 +130,11 @@ class PIController:
             self.gain = plant_gain(sla_ms, self.setpoint_ratio, cpu_s_per_request)
             self.gains = pi_gains(self.gain, self.b, self.q)
 
-    def demand(self, mean_rt_ms: float | None, sla_ms: float, cpu_s_per_request: float | None = None) -> float:
-        self.identify(sla_ms, cpu_s_per_request)
-        error = tracking_error(mean_rt_ms, sla_ms, self.setpoint_ratio)
+    def demand(self, window: Window, sla_ms: float) -> float:
+        """u(t) = u'(t - 1) + K e(t) - K a e(t - 1), equation (11) in the time domain, on the
+        response time ``window.response_ms`` (completed requests and the age of the waiting ones)."""
+        self.identify(sla_ms, window.cpu_s_per_request)
+        error = tracking_error(window.response_ms, sla_ms, self.setpoint_ratio)
         K, a = self.gains.K, self.gains.a
         wanted = self._cores + K * error - K * a * self._last_error
         self._last_error = error

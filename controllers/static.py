@@ -3,13 +3,15 @@ RR+min the minimum; neither ever changes."""
 
 from __future__ import annotations
 
+from controllers.base import Window
+
 
 class StaticController:
     def __init__(self, cores: float, period_s: float = 1.0):
         self.cores = cores
         self.period_s = period_s
 
-    def demand(self, mean_rt_ms: float | None, sla_ms: float, cpu_s_per_request: float | None = None) -> float:
+    def demand(self, window: Window, sla_ms: float) -> float:
         return self.cores
 
     def granted(self, cores: float) -> None:

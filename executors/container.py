@@ -41,7 +41,7 @@ import psutil
 from docker.models.containers import Container
 
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor
-from supervisor.actuation import CFS_PERIOD_US, quota_us
+from executors.limits import CFS_PERIOD_US, quota_cores, quota_us
 
 log = logging.getLogger("executors")
 
@@ -209,6 +209,7 @@ class DockerExecutor(SupervisedExecutor):
             options |= {"mem_limit": f"{int(self.memory_mb)}m", "memswap_limit": f"{int(self.memory_mb)}m"}
         if self.device == "cpu":
             options |= {"cpu_period": self.cfs_period_us, "cpu_quota": quota_us(self.cores, self.cfs_period_us)}
+            self._enforced = (self.cores, quota_cores(self.cores, self.cfs_period_us))
         elif not self.emulate:
             if not self.docker.nvidia:
                 raise DockerUnavailable(
@@ -261,6 +262,10 @@ class DockerExecutor(SupervisedExecutor):
         self.pid = self.container.attrs["State"]["Pid"] or None
         self._actuate()  # cores changed while it was starting
 
+    def _would_enforce(self, cores: float) -> float:
+        """Docker's CFS quota has the kernel's 1 ms floor; a GPU executor's CPU is not capped."""
+        return quota_cores(cores, self.cfs_period_us) if self.device == "cpu" else cores
+
     def _actuate(self) -> None:
         if self.device != "cpu" or self.container is None:
             return
@@ -272,15 +277,16 @@ class DockerExecutor(SupervisedExecutor):
         applied = None
         while applied != self.cores and self.container is not None:
             applied = self.cores
+            quota = quota_us(applied, self.cfs_period_us)
             try:
-                await self.docker.call(
-                    self.container.update, cpu_period=self.cfs_period_us, cpu_quota=quota_us(applied, self.cfs_period_us)
-                )
+                await self.docker.call(self.container.update, cpu_period=self.cfs_period_us, cpu_quota=quota)
             except docker.errors.DockerException as error:
+                self._enforced = None
                 log.error(
                     "executor %s: could not set %.2f cores on container %s: %s", self.id, applied, self.container.name, error
                 )
                 return
+            self._enforced = (applied, quota / self.cfs_period_us)
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {

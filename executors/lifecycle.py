@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from executors.connection import ExecutorConnection, ExecutorFailed
-from supervisor.actuation import Actuator
+from executors.limits import Actuator
 
 log = logging.getLogger("executors")
 
@@ -80,6 +81,9 @@ class SupervisedExecutor(abc.ABC):
         self._task: asyncio.Task[None] | None = None
         self._handle: Any = None
         self._stopping = False
+        # The cores of the last quota carried out, and the cores it really enforces.
+        self._enforced: tuple[float, float] | None = None
+        self._process: psutil.Process | None = None
 
     # -- what a backend provides ------------------------------------------------------------
     @abc.abstractmethod
@@ -126,6 +130,29 @@ class SupervisedExecutor(abc.ABC):
     def in_flight(self) -> int:
         return self._connection.in_flight if self._connection is not None else 0
 
+    @property
+    def enforced_cores(self) -> float:
+        """The cores really enforced for ``self.cores``, which the core-seconds count: the CFS quota's
+        floor (0.1 core at a 10 ms period) and affinity's whole CPUs make it more than the grant.
+        Before the quota is carried out, what it will enforce; with nothing to enforce it, the grant."""
+        if self._enforced is not None and self._enforced[0] == self.cores:
+            return self._enforced[1]
+        return self._would_enforce(self.cores)
+
+    def _would_enforce(self, cores: float) -> float:
+        return self.actuator.enforced(cores) if self.actuator is not None else cores
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the executor's current process has used; None when not running."""
+        process = self._process
+        try:
+            if process is None or not process.is_running():  # is_running also notices a reused pid
+                return None
+            times = process.cpu_times()
+        except psutil.Error:
+            return None
+        return times.user + times.system
+
     async def start(self) -> None:
         """Start the executor and wait until it is ready; raise ExecutorStartError if it fails."""
         self._server = await asyncio.start_unix_server(self._on_connect, path=str(self.socket_path))
@@ -148,8 +175,9 @@ class SupervisedExecutor(abc.ABC):
         if self.actuator is None or self.pid is None:
             return
         try:
-            self.actuator.apply(self.id, self.cores)
+            self._enforced = (self.cores, self.actuator.apply(self.id, self.cores))
         except OSError as error:
+            self._enforced = None
             log.error("executor %s: could not set %.2f cores with %s: %s", self.id, self.cores, self.actuator.name, error)
 
     def kill_hung(self, reason: str) -> None:
@@ -183,6 +211,7 @@ class SupervisedExecutor(abc.ABC):
             "device": self.device,
             "backend": self.backend,
             "cores": self.cores,
+            "enforced_cores": self.enforced_cores,
             "threads": self.threads,
             "state": self.state,
             "pid": self.pid,
@@ -194,6 +223,14 @@ class SupervisedExecutor(abc.ABC):
         }
 
     # -- supervision ------------------------------------------------------------------------
+    def _watch_process(self) -> psutil.Process | None:
+        if self.pid is None:
+            return None
+        try:
+            return psutil.Process(self.pid)
+        except psutil.Error:
+            return None
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             connection = await asyncio.wait_for(ExecutorConnection.accept(reader, writer), START_TIMEOUT_S)
@@ -244,7 +281,8 @@ class SupervisedExecutor(abc.ABC):
                 self.signatures = connection.hello["models"]
                 self.provider = ",".join(sorted(set(connection.hello.get("providers", {}).values())))
                 self.pid = connection.hello.get("pid")
-                await self._on_ready()
+                await self._on_ready()  # a backend may put the host's pid in self.pid
+                self._process = self._watch_process()
                 started_at = loop.time()
                 self._set_state("ready")
                 if not first_start.done():

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from executors.lifecycle import SupervisedExecutor
-from executors.memory import MemoryLimit
+from executors.limits import ExecutorCgroup, Hierarchy
 
 log = logging.getLogger("executors")
 
@@ -21,15 +21,16 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 class ProcessExecutor(SupervisedExecutor):
     backend = "process"
-    _memory: MemoryLimit | None = None
+    _memory: ExecutorCgroup | None = None
     _oom_kills = 0
 
     async def _on_ready(self) -> None:
         await super()._on_ready()
         if self.memory_mb is not None and self.pid is not None:
-            self._memory = self._memory or MemoryLimit(self.id, self.memory_mb)
             try:
-                self._memory.attach(self.pid)
+                self._memory = self._memory or Hierarchy.find("memory").group(self.id)
+                self._memory.set_memory_limit(int(self.memory_mb * 1024 * 1024))
+                self._memory.add(self.pid)
                 self._oom_kills = self._memory.oom_kills()
             except OSError as error:
                 log.error("executor %s: could not limit its memory to %g MB: %s", self.id, self.memory_mb, error)
@@ -73,4 +74,4 @@ class ProcessExecutor(SupervisedExecutor):
     async def stop(self) -> None:
         await super().stop()
         if self._memory is not None:
-            self._memory.close()
+            self._memory.remove()

@@ -1,4 +1,9 @@
-"""The ``gateway`` command: ``serve``, ``bench``, ``identify``, ``simulate`` and ``docker-image``."""
+"""The ``gateway`` command: ``serve``, and the tools ``bench``, ``identify``, ``simulate``,
+``docker-image`` and ``config-schema``.
+
+Only the sub-command named is imported: ``gateway serve`` loads no client tool, and a tool
+loads neither the server nor the config's schema unless it uses them.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,16 @@ import importlib
 import logging
 import sys
 
-from gateway.config import ConfigError, exposure_error, load_config
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config")
+    parser.add_argument("--host", help="overrides server.host")
+    parser.add_argument("--port", type=int, help="overrides server.port")
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, exposure_error, load_config
+
     try:
         config = load_config(args.config)
     except ConfigError as error:
@@ -39,32 +50,36 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# Sub-commands other than serve: (module, help); each module has add_arguments(parser) and run(args).
+# Sub-commands other than serve: name -> (module, help); each module has add_arguments(parser)
+# and run(args), and is imported only when its sub-command is the one run.
 COMMANDS = {
-    "bench": ("gateway.bench", "drive load against a running gateway"),
-    "identify": ("gateway.identify", "step test of a model's cores on a running gateway: measures k"),
-    "simulate": ("gateway.simulate", "the GPU scheduler on a virtual clock against emulated GPUs"),
-    "docker-image": ("gateway.docker_image", "make the host-runtime executor image with docker import (no registry)"),
+    "bench": ("gateway.tools.bench", "drive load against a running gateway"),
+    "identify": ("gateway.tools.identify", "step test of a model's cores on a running gateway: measures k"),
+    "simulate": ("gateway.tools.simulate", "the GPU scheduler on a virtual clock against emulated GPUs"),
+    "docker-image": ("gateway.tools.docker_image", "make the host-runtime executor image with docker import (no registry)"),
+    "config-schema": ("gateway.tools.config_schema", "print the JSON Schema of the config file"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="gateway", description="SLA-aware inference gateway")
     commands = parser.add_subparsers(dest="command", required=True)
+    # The top level has no option of its own but -h: its first other word names the sub-command.
+    chosen = next((word for word in argv if not word.startswith("-")), None)
 
     serve = commands.add_parser("serve", help="serve the models of a TOML config over HTTP")
-    serve.add_argument("config")
-    serve.add_argument("--host", help="overrides server.host")
-    serve.add_argument("--port", type=int, help="overrides server.port")
+    _serve_arguments(serve)
     serve.add_argument("--log-level", default="INFO")
     serve.set_defaults(run=_serve)
 
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        command = commands.add_parser(name, help=help_text)
-        module.add_arguments(command)
+        command = commands.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--log-level", default="WARNING")
-        command.set_defaults(run=module.run)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command)
+            command.set_defaults(run=module.run)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

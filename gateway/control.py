@@ -1,7 +1,17 @@
-"""The control plane's asyncio side: the per-period timer, measurement windows and actuation.
+"""The control plane's asyncio side: the per-period timer around the pure control decisions.
 
-The decisions live in controllers/ and supervisor/ (pure); this module builds them from the
-config, feeds them each period's measurements and hands the granted cores to the executors.
+The decisions live in controllers/ (a demand per model) and supervisor/ (ROMA Algorithm 2: the
+demands fitted to the node); this module builds them from the config, and every period asks
+its caller for the measurements and hands the granted cores back. It knows nothing of the
+engine or the executors: it is given three callables,
+
+- ``measure()``: per model, what its CPU executor(s) did since the last call (a ``Window``:
+  completed requests, CPU time used, and the requests still queued or running at the end);
+- ``set_cores(model, cores)``: apply granted cores to the model's executor(s);
+- ``on_period(now, allocations, windows)``: record the period (history, violations, metrics);
+
+and a clock (time.perf_counter by default, never the event loop's: uvloop's loop.time() has a
+1 ms grain and does not advance between iterations, ../shared/DESIGN.md "Facts checked").
 """
 
 from __future__ import annotations
@@ -9,22 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
-
-import psutil
+import time
+from collections.abc import Callable, Mapping
 
 from controllers.base import CoreController
 from controllers.pi import PIController
 from controllers.rules import RuleController
 from controllers.static import StaticController
-from gateway.config import ControlConfig, ModelConfig
-from supervisor.arbitration import arbitrate
-from supervisor.node import NodeSupervisor, Window
-
-if TYPE_CHECKING:
-    from gateway.engine import Engine
+from gateway.config import ControlConfig, GatewayConfig, ModelConfig
+from supervisor.node import Allocation, NodeSupervisor, Window
 
 log = logging.getLogger("gateway")
+
+Measure = Callable[[], Mapping[str, Window]]
+SetCores = Callable[[str, float], None]
+OnPeriod = Callable[[float, Mapping[str, Allocation], Mapping[str, Window]], None]
 
 
 def make_controller(policy: str, model: ModelConfig, control: ControlConfig, node_cores: float, models: int) -> CoreController:
@@ -50,54 +59,88 @@ def make_controller(policy: str, model: ModelConfig, control: ControlConfig, nod
     return StaticController(cpu.cores, control.period_s)
 
 
-class ControlLoop:
-    """Every control period: close each model's window, step the supervisor, actuate."""
+def floor_cores(controller: CoreController, model: ModelConfig) -> float:
+    """The model's minimum in the arbitration: its min_cores, or a static controller's own
+    value when that is lower (the RR+min/max baselines, an operator's pin)."""
+    if isinstance(controller, StaticController):
+        return min(controller.cores, model.cpu.min_cores)
+    return model.cpu.min_cores
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        config = engine.config
+
+def _no_record(now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
+    pass
+
+
+class ControlLoop:
+    """Every control period: measure each model, step the supervisor, apply the grant, record."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        measure: Measure,
+        set_cores: SetCores,
+        on_period: OnPeriod = _no_record,
+        sla_ms: Callable[[str], float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        """``sla_ms(model)`` is the model's current SLA (the admin API changes it at run time);
+        by default the configured one."""
+        self.config = config
+        self.measure, self.set_cores, self.on_period, self.clock = measure, set_cores, on_period, clock
+        self.sla_ms = sla_ms if sla_ms is not None else (lambda name: config.models[name].sla_ms)
         control = config.control
-        controllers = {
-            name: make_controller(control.policy, model, control, config.node.cpu_cores, len(config.models))
-            for name, model in config.models.items()
-        }
         self.period_s = control.period_s
+        controllers = {name: self._controller(model) for name, model in config.models.items()}
         initial = {
             name: c.cores if isinstance(c, StaticController) else config.models[name].cpu.cores for name, c in controllers.items()
         }
-        #: What each executor starts with: the initial demands, fitted to the node.
-        self.initial_cores = arbitrate(initial, config.node.cpu_cores, control.reserved_cores, control.spare_share)
+        min_cores = {name: floor_cores(c, config.models[name]) for name, c in controllers.items()}
+        available = config.node.cpu_cores - control.reserved_cores
+        if sum(min_cores.values()) > available + 1e-9:
+            log.warning(
+                "the models' minimum cores (%g in all) exceed the %g cores available to CPU executors; "
+                "under contention every model gets less than its minimum",
+                sum(min_cores.values()),
+                available,
+            )
         self.supervisor = NodeSupervisor(
             controllers,
             initial,
             node_cores=config.node.cpu_cores,
             reserved_cores=control.reserved_cores,
             spare_share=control.spare_share,
-            now=engine.now,
+            min_cores=min_cores,
+            now=clock(),
             tick_s=control.period_s,
         )
-        self._task: asyncio.Task[None] | None = None
-        self._cpu_seen: dict[str, tuple[int | None, float]] = {}
+        #: What each executor starts with: the initial demands fitted to the node (the
+        #: controllers were told the same values: their first step starts from them).
+        self.initial_cores = {name: allocation.granted for name, allocation in self.supervisor.initial.items()}
+        # The last cores granted to each model: where a model handed back to its policy starts.
+        self._granted = dict(self.initial_cores)
         self.pinned: dict[str, float | None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def _controller(self, model: ModelConfig) -> CoreController:
+        control = self.config.control
+        return make_controller(control.policy, model, control, self.config.node.cpu_cores, len(self.config.models))
 
     def pin(self, name: str, cores: float | None) -> None:
-        """Hold a model at ``cores`` from now on (None: hand it back to the configured policy).
+        """Hold a model at ``cores`` from now on (None: hand it back to the configured policy,
+        starting from the cores it was last granted).
 
         The supervisor still fits the pinned demand to the node with the others; the granted
         cores are applied at once, not at the next period.
         """
-        engine = self.engine
-        config, control = engine.config, engine.config.control
-        model = config.models[name]
+        model = self.config.models[name]
         if cores is None:
-            controller = make_controller(control.policy, model, control, config.node.cpu_cores, len(config.models))
-            demand = sum(e.cores for e in engine.models[name].executors)
+            controller, demand = self._controller(model), self._granted[name]
         else:
-            controller, demand = StaticController(cores, control.period_s), cores
+            controller, demand = StaticController(cores, self.config.control.period_s), cores
         self.pinned[name] = cores
-        self.supervisor.replace(name, controller, demand, engine.now)
-        for other, allocation in self.supervisor.grant().items():
-            engine.set_cores(engine.models[other], allocation.granted)
+        self.supervisor.replace(name, controller, demand, self.clock(), min_cores=floor_cores(controller, model))
+        self._apply(self.supervisor.grant())
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -107,49 +150,35 @@ class ControlLoop:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_tick = loop.time() + self.period_s
+        next_tick = self.clock() + self.period_s
         while True:
-            # Ticks on a fixed grid: a slow tick does not push every later one back.
-            await asyncio.sleep(max(0.0, next_tick - loop.time()))
+            # Ticks on a fixed grid of the clock: a slow tick does not push every later one back.
+            # The event loop's timers may fire early by their grain (1 ms on uvloop): sleep again.
+            while (delay := next_tick - self.clock()) > 0:
+                await asyncio.sleep(delay)
             try:
                 self.tick()
             except Exception:
                 log.exception("control step failed; the cores stay as they are")
             next_tick += self.period_s
-            if next_tick < loop.time():
-                next_tick = loop.time() + self.period_s
+            now = self.clock()
+            if next_tick < now:
+                next_tick = now + self.period_s
 
-    def _cpu_seconds(self, pid: int | None) -> float | None:
-        """CPU time used so far by the executor process (user + system)."""
-        if pid is None:
-            return None
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.Error:
-            return None
-        return times.user + times.system
+    def tick(self, now: float | None = None) -> dict[str, Allocation]:
+        """One control period: measure, decide (controllers and ROMA Algorithm 2), apply, record."""
+        now = self.clock() if now is None else now
+        windows = dict(self.measure())
+        sla = {name: self.sla_ms(name) for name in self.config.models}
+        allocations = self.supervisor.step(now, windows, sla)
+        self._apply(allocations)
+        self.on_period(now, allocations, windows)
+        return allocations
 
-    def tick(self) -> None:
-        engine = self.engine
-        now = engine.now
-        served: dict[str, Window] = {}
-        for name, runtime in engine.models.items():
-            served[name], runtime.window = runtime.window, Window()
-            used = 0.0
-            for executor in runtime.executors:
-                total = self._cpu_seconds(executor.pid)
-                previous = self._cpu_seen.get(executor.id)
-                if total is not None and previous is not None and previous[0] == executor.pid:
-                    used += total - previous[1]
-                if total is not None:
-                    self._cpu_seen[executor.id] = (executor.pid, total)
-            served[name].cpu_s = used
-        sla = {name: runtime.sla_ms for name, runtime in engine.models.items()}
-        allocations = self.supervisor.step(now, served, sla)
-        for name, runtime in engine.models.items():
-            allocation = allocations[name]
-            engine.set_cores(runtime, allocation.granted)
-            runtime.close_window(now, served[name], allocation.demanded, allocation.granted)
+    def _apply(self, allocations: Mapping[str, Allocation]) -> None:
+        for name, allocation in allocations.items():
+            self._granted[name] = allocation.granted
+            self.set_cores(name, allocation.granted)

@@ -36,7 +36,13 @@ class GatewayMetrics:
             "gateway_window_violations", "Control windows whose mean response time was over the SLA", ["model"], registry=r
         )
         self.cores = Gauge("gateway_executor_cores", "CPU cores granted to an executor", ["model", "executor"], registry=r)
-        self.core_seconds = Gauge(
-            "gateway_core_seconds", "Core-seconds allocated to the model's executors", ["model"], registry=r
+        # What the quota really gives: at least the CFS floor (0.1 core at 10 ms), whole CPUs under affinity.
+        self.enforced_cores = Gauge(
+            "gateway_executor_enforced_cores", "CPU cores enforced on an executor", ["model", "executor"], registry=r
+        )
+        self.core_seconds = Gauge("gateway_core_seconds", "Core-seconds enforced on the model's executors", ["model"], registry=r)
+        # Measured, not granted: the GPU executors' CPU too, which no quota caps and no core-seconds count.
+        self.executor_cpu_seconds = Gauge(
+            "gateway_executor_cpu_seconds", "CPU time used by the executor's current process", ["executor", "device"], registry=r
         )
         self.restarts = Gauge("gateway_executor_restarts", "Times the executor was restarted", ["model", "executor"], registry=r)

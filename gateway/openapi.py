@@ -2,97 +2,73 @@
 
 The data plane is the KServe v2 / Open Inference Protocol (its REST document) with Triton's
 model configuration and binary tensor extensions; the admin API, /metrics and this document
-are the gateway's own.
+are the gateway's own. The paths come from the route table (gateway/routes.py), the schemas
+of bodies and answers from here.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from gateway.routes import ROUTES, Reply, Route
+
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
+
+
+# What an Error answer of each status means, in every operation that can give it.
+ERRORS = {
+    400: "a client mistake, named in the message",
+    401: "the bearer token is missing or wrong",
+    404: "no such model or version",
+    413: "the body or a tensor is over its limit",
+    429: "the model's queue is full; see Retry-After",
+    503: "not ready, shutting down, refused before running, or the executor failed",
+    504: "the request's timeout passed",
+}
+SECURITY = {"admin": [{"adminToken": []}], "data": [{"dataToken": []}]}
 
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _reply(reply: Reply) -> dict[str, Any]:
+    schema = _ref(reply.schema) if isinstance(reply.schema, str) else reply.schema
+    return {"description": reply.says, "content": {reply.media_type: {"schema": schema}}}
 
 
-def _errors(*statuses: int) -> dict[str, Any]:
-    meaning = {
-        400: "a client mistake, named in the message",
-        401: "the bearer token is missing or wrong",
-        404: "no such model or version",
-        413: "the body or a tensor is over its limit",
-        429: "the model's queue is full; see Retry-After",
-        503: "not ready, shutting down, refused before running, or the executor failed",
-        504: "the request's timeout passed",
+def _operation(route: Route) -> dict[str, Any]:
+    """One route's operation: its path parameters, token, body and answers."""
+    operation: dict[str, Any] = {"summary": route.summary}
+    if route.plane is not None:
+        operation["security"] = SECURITY[route.plane]
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{(\w+)}", route.path)
+    ] + list(route.headers)
+    if parameters:
+        operation["parameters"] = parameters
+    if route.body is not None:
+        content: dict[str, Any] = {"application/json": {"schema": _ref(route.body)}}
+        if route.binary_body:
+            content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+        operation["requestBody"] = {"required": True, "content": content}
+    errors = sorted({*route.errors, *([401] if route.plane is not None else [])})
+    operation["responses"] = {
+        "200": _reply(route.ok),
+        **{str(status): _reply(Reply("Error", ERRORS[status])) for status in errors},
+        **{str(status): _reply(reply) for status, reply in route.others.items()},
     }
-    return {str(s): _json(_ref("Error"), meaning[s]) for s in statuses}
+    return operation
 
 
-MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
-ADMIN = [{"adminToken": []}]
-DATA = [{"dataToken": []}]
-
-
-def _model_paths(prefix: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        prefix: {
-            "get": {
-                "summary": "Model metadata",
-                "security": DATA,
-                "parameters": parameters,
-                "responses": {"200": _json(_ref("ModelMetadata"), "inputs and outputs"), **_errors(401, 404)},
-            }
-        },
-        prefix + "/ready": {
-            "get": {
-                "summary": "Model readiness",
-                "security": DATA,
-                "parameters": parameters,
-                "responses": {"200": _json(_ref("Ready"), "ready"), **_errors(401, 404, 503)},
-            }
-        },
-        prefix + "/config": {
-            "get": {
-                "summary": "Triton model configuration (read by perf_analyzer)",
-                "security": DATA,
-                "parameters": parameters,
-                "responses": {"200": _json({"type": "object"}, "the configuration"), **_errors(401, 404)},
-            }
-        },
-        prefix + "/infer": {
-            "post": {
-                "summary": "Inference",
-                "security": DATA,
-                "parameters": parameters
-                + [
-                    {
-                        "name": "Inference-Header-Content-Length",
-                        "in": "header",
-                        "required": False,
-                        "schema": {"type": "integer", "minimum": 1},
-                        "description": "binary tensor extension: length of the JSON header before the binary data",
-                    }
-                ],
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {"schema": _ref("InferRequest")},
-                        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-                    },
-                },
-                "responses": {
-                    "200": _json(_ref("InferResponse"), "the outputs"),
-                    **_errors(400, 401, 404, 413, 429, 503, 504),
-                },
-            }
-        },
-    }
+def paths(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
+    """The document's paths: one operation per route of the table."""
+    built: dict[str, Any] = {}
+    for route in routes:
+        built.setdefault(route.path, {})[route.method.lower()] = _operation(route)
+    return built
 
 
 def openapi_document(version: str) -> dict[str, Any]:
@@ -196,82 +172,6 @@ def openapi_document(version: str) -> dict[str, Any]:
         },
         "ModelState": {"type": "object", "required": ["name", "sla_ms", "executors", "stats"]},
     }
-    admin_model_errors = _errors(401, 404)
-    paths: dict[str, Any] = {
-        "/v2": {
-            "get": {
-                "summary": "Server metadata",
-                "security": DATA,
-                "responses": {"200": _json(_ref("ServerMetadata"), "name, version, extensions"), **_errors(401)},
-            }
-        },
-        "/v2/health/live": {"get": {"summary": "Liveness", "responses": {"200": _json(_ref("Live"), "live")}}},
-        "/v2/health/ready": {
-            "get": {
-                "summary": "Readiness (false while starting or draining)",
-                "responses": {"200": _json(_ref("Ready"), "ready"), "503": _json(_ref("Ready"), "not ready")},
-            }
-        },
-        **_model_paths("/v2/models/{model}", [MODEL]),
-        **_model_paths("/v2/models/{model}/versions/{version}", [MODEL, VERSION]),
-        "/admin/models": {
-            "get": {
-                "summary": "Every model's state",
-                "security": ADMIN,
-                "responses": {"200": _json({"type": "object"}, "models"), **_errors(401)},
-            }
-        },
-        "/admin/models/{model}": {
-            "get": {
-                "summary": "A model's SLA, executors, profiles and statistics",
-                "security": ADMIN,
-                "parameters": [MODEL],
-                "responses": {"200": _json(_ref("ModelState"), "the model"), **admin_model_errors},
-            }
-        },
-        "/admin/models/{model}/history": {
-            "get": {
-                "summary": "One entry per control period",
-                "security": ADMIN,
-                "parameters": [MODEL],
-                "responses": {"200": _json({"type": "object"}, "the history"), **admin_model_errors},
-            }
-        },
-        "/admin/models/{model}/sla": {
-            "put": {
-                "summary": "Change the model's SLA at run time",
-                "security": ADMIN,
-                "parameters": [MODEL],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("SetSla")}}},
-                "responses": {"200": _json(_ref("ModelState"), "the model"), **_errors(400, 401, 404)},
-            }
-        },
-        "/admin/models/{model}/cores": {
-            "put": {
-                "summary": "Pin the model's cores, or hand them back to the controller with null",
-                "security": ADMIN,
-                "parameters": [MODEL],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("PinCores")}}},
-                "responses": {"200": _json(_ref("ModelState"), "the model"), **_errors(400, 401, 404)},
-            }
-        },
-        "/admin/node": {
-            "get": {
-                "summary": "The node's cores and control settings",
-                "security": ADMIN,
-                "responses": {"200": _json({"type": "object"}, "the node"), **_errors(401)},
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics",
-                "responses": {
-                    "200": {"description": "text exposition", "content": {"text/plain": {"schema": {"type": "string"}}}}
-                },
-            }
-        },
-        "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _json({"type": "object"}, "OpenAPI 3.0")}}},
-    }
     return {
         "openapi": "3.0.3",
         "info": {
@@ -279,7 +179,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "version": version,
             "description": "KServe v2 / Open Inference Protocol data plane, admin API and metrics of the SLA-aware gateway.",
         },
-        "paths": paths,
+        "paths": paths(),
         "components": {
             "schemas": schemas,
             "securitySchemes": {

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from schedulers.candidate import QueuedRequest
 from schedulers.profiles import LatencyProfile
+from schedulers.request import Request
 
 
-def admissible(request: QueuedRequest, now: float, profiles: Iterable[LatencyProfile]) -> bool:
+def admissible(request: Request, now: float, profiles: Iterable[LatencyProfile]) -> bool:
     return any(now + profile.latency_ms(request.rows) / 1000 <= request.deadline for profile in profiles)

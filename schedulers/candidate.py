@@ -3,8 +3,8 @@
 For the queue of a model (FIFO, so deadlines ascend) and the time ``start`` at which a GPU could
 start it, the candidate is the longest prefix of at most ``max_batch`` requests that can finish
 by the earliest deadline among them: start + l(|reqs|) <= dl(reqs). Requests that cannot finish
-even alone are *hopeless*: they are pruned from the candidate (the gateway refuses them or
-serves them late, per the model's config).
+even alone are *hopeless*: they are left out of the candidate (they stay queued for a CPU
+executor, and the dispatch core refuses what no device can finish; schedulers/dispatch.py).
 
     sched_at      = dl(reqs) - l(|reqs| + 1)    the last moment to grow the batch by one
     invalid_after = dl(reqs) - l(|reqs|)        past this the candidate itself misses
@@ -12,7 +12,7 @@ serves them late, per the model's config).
 Under overload the head of the queue has little slack left, and cutting every batch to the
 head's deadline makes batches of one or two that waste the GPU on fixed costs, so the queue
 falls further behind and goodput collapses (measured: docs/BENCHMARKS.md). The candidate
-therefore also sets aside the first few requests when skipping them lets one batch serve more
+therefore also leaves out the first few requests when skipping them lets one batch serve more
 requests in time than they are (``early_drop``): a request is dropped only to save more than
 itself, and never while the head's own deadline leaves room for the whole queue.
 
@@ -23,51 +23,48 @@ a work-conserving scheduler treats every candidate as schedulable.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedulers.profiles import LatencyProfile
+from schedulers.request import Request
 
 # Times are float seconds: a wake-up set for sched_at must find the candidate due.
 EPSILON_S = 1e-9
 
 
 @dataclass(frozen=True)
-class QueuedRequest:
-    id: int
-    model: str
-    arrival: float  # seconds
-    deadline: float  # seconds: arrival + SLA
-    rows: int = 1
-
-
-@dataclass(frozen=True)
 class Candidate:
     model: str
-    size: int  # requests from the head of the queue
+    size: int  # requests in the batch, taken from the queue after the first ``skip``
     rows: int
     deadline: float
     sched_at: float
     invalid_after: float
     schedulable: bool
-    hopeless: tuple[QueuedRequest, ...] = ()
+    # Requests at the head left out of the batch: the hopeless ones (they cannot finish on this
+    # device even alone), then the early-dropped ones. They stay queued; the dispatch core
+    # refuses only what no device can finish in time.
+    skip: int = 0
+    hopeless: int = 0
 
 
-def hopeless_requests(queue: Sequence[QueuedRequest], profile: LatencyProfile, start: float) -> list[QueuedRequest]:
-    """The requests at the head that cannot finish by their deadline even as a batch of one."""
-    out = []
+def hopeless_count(queue: Sequence[Request], profile: LatencyProfile, start: float) -> int:
+    """How many requests at the head cannot finish by their deadline even as a batch of one."""
+    count = 0
     for request in queue:
         if start + profile.latency_ms(request.rows) / 1000 <= request.deadline:
             break
-        out.append(request)
-    return out
+        count += 1
+    return count
 
 
 # How far into the queue an early drop looks for a better batch start.
 EARLY_DROP_SCAN = 64
 
 
-def batch_capacity(request: QueuedRequest, profile: LatencyProfile, start: float, max_batch: int) -> int:
+def batch_capacity(request: Request, profile: LatencyProfile, start: float, max_batch: int) -> int:
     """How many rows a batch that starts at ``start`` may hold and still meet ``request``'s deadline."""
     slack_ms = (request.deadline - start) * 1000 - profile.fixed_ms
     if slack_ms < 0:
@@ -77,13 +74,14 @@ def batch_capacity(request: QueuedRequest, profile: LatencyProfile, start: float
     return min(max_batch, int(slack_ms / profile.per_item_ms))
 
 
-def early_drop(queue: Sequence[QueuedRequest], profile: LatencyProfile, start: float, max_batch: int) -> int:
-    """How many requests at the head to drop so that the next batch serves the most requests net."""
-    if not queue:
+def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, start: float, max_batch: int) -> int:
+    """How many requests from ``first`` on to leave out so that the next batch serves the most requests net."""
+    left = len(queue) - first
+    if left <= 0:
         return 0
-    best_skip, best_net = 0, min(len(queue), batch_capacity(queue[0], profile, start, max_batch))
-    for skip in range(1, min(len(queue), EARLY_DROP_SCAN)):
-        net = min(len(queue) - skip, batch_capacity(queue[skip], profile, start, max_batch)) - skip
+    best_skip, best_net = 0, min(left, batch_capacity(queue[first], profile, start, max_batch))
+    for skip, request in enumerate(itertools.islice(queue, first + 1, first + min(left, EARLY_DROP_SCAN)), start=1):
+        net = min(left - skip, batch_capacity(request, profile, start, max_batch)) - skip
         if net > best_net:
             best_skip, best_net = skip, net
     return best_skip
@@ -91,7 +89,7 @@ def early_drop(queue: Sequence[QueuedRequest], profile: LatencyProfile, start: f
 
 def form_candidate(
     model: str,
-    queue: Sequence[QueuedRequest],
+    queue: Sequence[Request],
     profile: LatencyProfile,
     *,
     max_batch: int,
@@ -103,21 +101,17 @@ def form_candidate(
 ) -> Candidate | None:
     """The candidate of ``queue`` for a GPU free at ``start`` (>= now), or None if it is empty.
 
-    With ``prune`` the hopeless head is set aside and the batch is cut to what meets the
+    With ``prune`` the hopeless head is left out and the batch is cut to what meets the
     earliest deadline; without it (a model configured to serve late rather than refuse) the
     batch is simply the first ``max_batch`` rows.
     """
-    hopeless = list(hopeless_requests(queue, profile, start)) if prune else []
-    rest = queue[len(hopeless) :]
-    if prune:
-        skip = early_drop(rest, profile, start, max_batch)
-        hopeless += rest[:skip]
-        rest = rest[skip:]
-    if not rest:
-        return Candidate(model, 0, 0, float("inf"), float("inf"), float("inf"), False, tuple(hopeless)) if hopeless else None
-    deadline = rest[0].deadline
+    hopeless = hopeless_count(queue, profile, start) if prune else 0
+    skip = hopeless + (early_drop(queue, hopeless, profile, start, max_batch) if prune else 0)
+    if skip >= len(queue):
+        return Candidate(model, 0, 0, float("inf"), float("inf"), float("inf"), False, skip, hopeless) if skip else None
+    deadline = queue[skip].deadline
     size, rows = 0, 0
-    for request in rest:
+    for request in itertools.islice(queue, skip, None):
         if rows + request.rows > max_batch:
             break
         if prune and size > 0 and start + profile.latency_ms(rows + request.rows) / 1000 > deadline:
@@ -126,7 +120,7 @@ def form_candidate(
         rows += request.rows
     sched_at = deadline - profile.latency_ms(rows + 1) / 1000
     invalid_after = deadline - profile.latency_ms(rows) / 1000
-    full = rows >= max_batch or size < len(rest)  # it cannot grow any more
+    full = rows >= max_batch or skip + size < len(queue)  # it cannot grow any more
     enough = rows >= profile.fixed_ms / 1000 * arrival_rate
     schedulable = (not defer) or full or enough or now >= sched_at - EPSILON_S
-    return Candidate(model, size, rows, deadline, sched_at, invalid_after, schedulable, tuple(hopeless))
+    return Candidate(model, size, rows, deadline, sched_at, invalid_after, schedulable, skip, hopeless)

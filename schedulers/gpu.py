@@ -18,20 +18,23 @@ side by side (``gateway simulate``):
 - ``round_robin``: the baselines of ROMA's evaluation (RR+CT, RR+rules, ...): the models take
   turns, in the order they were added, no deferral.
 
-Every policy forms batches the same way (``schedulers.candidate``) and sets aside the requests
-that cannot finish in time, which the gateway refuses (``Refuse``) or serves late.
+Every policy forms batches the same way (``schedulers.candidate``) and leaves out of a batch
+the requests that this GPU cannot finish in time. The scheduler refuses nothing: the dispatch
+core (schedulers/dispatch.py) refuses a request only when no device, GPU or CPU, can finish it.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from schedulers.candidate import Candidate, QueuedRequest, form_candidate
-from schedulers.deficit import QUEUE_WEIGHT, SETPOINT_RATIO, deficit, estimated_response_ms
+from schedulers.candidate import Candidate, form_candidate
+from schedulers.deficit import QUEUE_WEIGHT, SETPOINT_RATIO, deficit, estimated_response_ms, sla_batch
 from schedulers.profiles import LatencyProfile
 from schedulers.rate import ArrivalRate
+from schedulers.request import Request, RequestQueue
 
 POLICIES = ("deferral", "roma", "work_conserving", "edf", "round_robin")
 # ROMA's authors average the last 50 completed requests for the measured response time.
@@ -40,21 +43,20 @@ RECENT = 50
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Run the first ``size`` requests (``rows`` rows) of ``model``'s queue on ``gpu``."""
+    """Run ``requests`` (queued for ``model``, in queue order, after ``skip`` left at the head) on ``gpu``."""
 
     model: str
     gpu: str
-    size: int
-    rows: int
+    requests: tuple[Request, ...]
+    skip: int = 0
 
+    @property
+    def size(self) -> int:
+        return len(self.requests)
 
-@dataclass(frozen=True)
-class Refuse:
-    """These requests cannot meet their deadline: answer them with an error now."""
-
-    model: str
-    requests: tuple[QueuedRequest, ...]
-    reason: str
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for r in self.requests)
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class WaitUntil:
     time: float
 
 
-Decision = Dispatch | Refuse | WaitUntil
+Decision = Dispatch | WaitUntil
 
 
 @dataclass
@@ -99,7 +101,7 @@ class GpuScheduler:
     def on_completed(self, model: str, response_ms: float) -> None:
         self.models[model].recent_ms.append(response_ms)
 
-    def on_refused(self, model: str, requests: Sequence[QueuedRequest], now: float) -> None:
+    def on_refused(self, model: str, requests: Iterable[Request], now: float) -> None:
         """A refused request counts in R as a response no sooner than its SLA: it was a violation."""
         state = self.models[model]
         for request in requests:
@@ -107,7 +109,7 @@ class GpuScheduler:
             state.recent_ms.append(max(best_ms, state.sla_ms))
 
     # -- decisions --------------------------------------------------------------------------
-    def candidates(self, now: float, start: float, queues: Mapping[str, Sequence[QueuedRequest]]) -> dict[str, Candidate]:
+    def candidates(self, now: float, start: float, queues: Mapping[str, RequestQueue]) -> dict[str, Candidate]:
         out = {}
         for name, queue in queues.items():
             if not queue:
@@ -135,25 +137,21 @@ class GpuScheduler:
         self._last_served = chosen
         return chosen
 
-    def model_deficit(self, name: str, queue: Sequence[QueuedRequest], now: float) -> float:
+    def model_deficit(self, name: str, queue: RequestQueue, now: float) -> float:
         state = self.models[name]
-        waited = [(now - r.arrival) * 1000 for r in queue]
-        estimated = estimated_response_ms(waited, state.profile.latency_ms(1))
+        batch = sla_batch(state.profile, state.sla_ms, state.max_batch)
+        estimated = estimated_response_ms(len(queue), queue.mean_wait_ms(now), state.profile, batch)
         measured = sum(state.recent_ms) / len(state.recent_ms) if state.recent_ms else None
         return deficit(estimated, measured, state.sla_ms, self.setpoint_ratio, self.queue_weight)
 
-    def decide(self, now: float, gpu: str, gpu_free_at: float, queues: Mapping[str, Sequence[QueuedRequest]]) -> list[Decision]:
-        """What ``gpu`` (free at ``gpu_free_at``) should do now."""
+    def decide(self, now: float, gpu: str, gpu_free_at: float, queues: Mapping[str, RequestQueue]) -> Decision | None:
+        """What ``gpu`` (free at ``gpu_free_at``) should do now: a batch, a wait, or nothing."""
         start = max(now, gpu_free_at)
         candidates = self.candidates(now, start, queues)
-        decisions: list[Decision] = [
-            Refuse(name, c.hopeless, "cannot finish before its deadline") for name, c in candidates.items() if c.hopeless
-        ]
         ready = {name: c for name, c in candidates.items() if c.size > 0 and c.schedulable}
         if ready:
             if self.policy in ("deferral", "roma"):
-                skip = {name: len(candidates[name].hopeless) for name in ready}
-                deficits = {name: self.model_deficit(name, queues[name][skip[name] :], now) for name in ready}
+                deficits = {name: self.model_deficit(name, queues[name], now) for name in ready}
                 if self.policy == "roma":
                     chosen = min(ready, key=lambda n: (-deficits[n], ready[n].sched_at))
                 else:
@@ -169,12 +167,12 @@ class GpuScheduler:
             else:
                 chosen = min(ready, key=lambda n: ready[n].deadline)
             candidate = ready[chosen]
-            decisions.append(Dispatch(chosen, gpu, candidate.size, candidate.rows))
-            return decisions
+            batch = tuple(itertools.islice(queues[chosen], candidate.skip, candidate.skip + candidate.size))
+            return Dispatch(chosen, gpu, batch, candidate.skip)
         waiting = [c.sched_at for c in candidates.values() if c.size > 0]
         if waiting:
-            decisions.append(WaitUntil(max(now, min(waiting))))
-        return decisions
+            return WaitUntil(max(now, min(waiting)))
+        return None
 
 
 def weighted_value(deficit: float, requests: int, batch_ms: float) -> float:
@@ -193,7 +191,7 @@ def weighted_value(deficit: float, requests: int, batch_ms: float) -> float:
 
 
 def gpu_can_finish(
-    request: QueuedRequest, position: int, now: float, gpu_free_at: float, profile: LatencyProfile, max_batch: int
+    request: Request, position: int, now: float, gpu_free_at: float, profile: LatencyProfile, max_batch: int
 ) -> bool:
     """Whether the GPUs' projected capacity serves the request at ``position`` of its queue in time.
 

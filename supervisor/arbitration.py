@@ -1,10 +1,17 @@
 """ROMA's supervisor, Algorithm 2 (Section 3): fit the controllers' demands to the node.
 
 available cores AC = MC - GC (the node's cores minus those reserved to feed the GPUs);
-eta = AC / sum(u). With eta < 1 every demand is scaled by eta (under-provisioning); with
-eta >= 1 every demand is granted, and with spare_share gamma > 0 each model also gets that share
-of the spare cores in proportion to its demand: u' = u (1 + gamma (eta - 1)), so gamma = 1 hands
-out all of AC.
+eta = AC / sum(u) (line 8). With eta < 1 every demand is scaled by eta (under-provisioning,
+line 12); with eta >= 1 every demand is granted, and with spare_share gamma > 0 each model also
+gets that share of the spare cores in proportion to its demand: u' = u (1 + gamma (eta - 1))
+(line 14), so gamma = 1 hands out all of AC.
+
+Minimum cores. Algorithm 2 knows no minimum, so scaling by eta can push a model under the
+floor its controller clamps to (an executor under it is not expected to serve at all). Here
+each model keeps at least its minimum: the models whose scaled share would fall under it get
+exactly their minimum, and the others share what is left, still scaled by one common factor
+(the paper's proportional rule among the models above their minimum). The result never exceeds
+AC as long as the minimums fit in it, and is the paper's own whenever no minimum binds.
 """
 
 from __future__ import annotations
@@ -20,7 +27,15 @@ def arbitrate(
     node_cores: float,
     reserved_cores: float = 0.0,
     spare_share: float = SPARE_SHARE,
+    min_cores: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
+    """The granted cores u' of ROMA Algorithm 2, each at least ``min_cores[name]`` (or its
+    demand, if that is lower: a minimum never grants more than was asked).
+
+    When even the minimums do not fit in AC, they are scaled down together by AC / sum(min):
+    every model then runs under its minimum, and the grant still does not exceed the node. That
+    is a configuration the node cannot honour (the control loop logs it at start).
+    """
     if not 0 <= spare_share <= 1:
         raise ValueError(f"spare_share must be in [0, 1], got {spare_share}")
     available = max(0.0, node_cores - reserved_cores)
@@ -28,6 +43,21 @@ def arbitrate(
     if total <= 0:
         return dict(demands)
     eta = available / total
-    if eta < 1:
-        return {name: u * eta for name, u in demands.items()}
-    return {name: u * (1 + spare_share * (eta - 1)) for name, u in demands.items()}
+    if eta >= 1:
+        return {name: u * (1 + spare_share * (eta - 1)) for name, u in demands.items()}
+    floors = {name: max(0.0, min(u, (min_cores or {}).get(name, 0.0))) for name, u in demands.items()}
+    floor_total = sum(floors.values())
+    if floor_total >= available:
+        scale = available / floor_total if floor_total > 0 else 0.0
+        return {name: floor * scale for name, floor in floors.items()}
+    # Fix at their minimum the models that eta would push under it, rescale the rest; each
+    # round can only fix more models (the factor only falls), so this ends within len(demands).
+    fixed: set[str] = set()
+    while True:
+        free = {name: u for name, u in demands.items() if name not in fixed}
+        factor = (available - sum(floors[name] for name in fixed)) / sum(free.values())
+        under = {name for name, u in free.items() if u * factor < floors[name]}
+        if not under:
+            break
+        fixed |= under
+    return {name: floors[name] if name in fixed else u * factor for name, u in demands.items()}

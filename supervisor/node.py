@@ -1,10 +1,16 @@
 """The node supervisor's control step (ROMA Section 3, Algorithm 2), pure and clock-driven.
 
-Every tick (the control period) it is handed what each model's executor served since the last
-tick; each controller is asked for its demand when its own period has passed (1 s for ROMA's
-PI controller, 15 s for the rules baseline), over everything served since it was last asked.
-The demands are then fitted to the node (``arbitrate``) and every controller is told what it
-was granted, which is the anti-windup of its next step.
+Every tick (the control period) it is handed what each model's executor did since the last
+tick (a ``Window``: completed requests, CPU time, the work still waiting); each controller is
+asked for its demand when its own period has passed (1 s for ROMA's PI controller, 15 s for the
+rules baseline), over everything served since it was last asked. The demands are then fitted
+to the node (``arbitrate``, each model kept at its minimum cores) and every controller is told
+what it was granted, which is the anti-windup of its next step (Algorithm 2's last line: "the
+state of each CT Controller is updated using u'").
+
+That write-back starts at construction: the initial demands are fitted to the node like any
+others, and each controller starts from what its executor was really given, not from what it
+asked for.
 """
 
 from __future__ import annotations
@@ -12,34 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from controllers.base import CoreController
+from controllers.base import CoreController, Window
 from supervisor.arbitration import arbitrate
 
-
-@dataclass
-class Window:
-    """Response times of the requests a model served over a stretch of time."""
-
-    count: int = 0
-    total_ms: float = 0.0
-    cpu_s: float = 0.0  # CPU time the executor used meanwhile (0 when unmeasured)
-
-    def add(self, rt_ms: float) -> None:
-        self.count += 1
-        self.total_ms += rt_ms
-
-    def merge(self, other: Window) -> None:
-        self.count += other.count
-        self.total_ms += other.total_ms
-        self.cpu_s += other.cpu_s
-
-    @property
-    def cpu_s_per_request(self) -> float | None:
-        return self.cpu_s / self.count if self.count and self.cpu_s > 0 else None
-
-    @property
-    def mean_ms(self) -> float | None:
-        return self.total_ms / self.count if self.count else None
+__all__ = ["Allocation", "NodeSupervisor", "Window"]
 
 
 @dataclass(frozen=True)
@@ -57,38 +39,51 @@ class NodeSupervisor:
         node_cores: float,
         reserved_cores: float = 0.0,
         spare_share: float = 0.0,
+        min_cores: Mapping[str, float] | None = None,
         now: float = 0.0,
         tick_s: float = 1.0,
     ):
         self.controllers = dict(controllers)
         self.node_cores, self.reserved_cores, self.spare_share = node_cores, reserved_cores, spare_share
+        self.min_cores = dict(min_cores or {})
         self.tick_s = tick_s
         self._demands = dict(initial_cores)
         self._pending = {name: Window() for name in controllers}
         self._due = {name: now + c.period_s for name, c in controllers.items()}
+        #: The initial demands fitted to the node: what the executors start with, and (written
+        #: back into every controller) the state each controller's first step starts from.
+        self.initial = self.grant()
 
-    def replace(self, name: str, controller: CoreController, demand: float, now: float) -> None:
-        """Put another controller in charge of a model (an operator's pin, or its release)."""
+    def replace(self, name: str, controller: CoreController, demand: float, now: float, min_cores: float | None = None) -> None:
+        """Put another controller in charge of a model (an operator's pin, or its release).
+
+        ``min_cores``, when given, becomes the model's floor in the arbitration. The caller then
+        calls ``grant`` to fit the new demand to the node and write it back.
+        """
         self.controllers[name] = controller
         self._demands[name] = demand
+        if min_cores is not None:
+            self.min_cores[name] = min_cores
         self._pending[name] = Window()
         self._due[name] = now + controller.period_s
 
     def step(self, now: float, served: Mapping[str, Window], sla_ms: Mapping[str, float]) -> dict[str, Allocation]:
         for name, controller in self.controllers.items():
             window = self._pending[name]
-            window.merge(served.get(name, Window()))
+            if name in served:
+                window.merge(served[name])
             # Half a tick of tolerance: timers fire a little early or late, and a period must
             # never be skipped (nor taken twice) for that.
             if now >= self._due[name] - self.tick_s / 2:
-                self._demands[name] = controller.demand(window.mean_ms, sla_ms[name], window.cpu_s_per_request)
+                self._demands[name] = controller.demand(window, sla_ms[name])
                 self._pending[name] = Window()
                 self._due[name] = now + controller.period_s
         return self.grant()
 
     def grant(self) -> dict[str, Allocation]:
-        """Fit the current demands to the node and tell every controller what it was granted."""
-        granted = arbitrate(self._demands, self.node_cores, self.reserved_cores, self.spare_share)
+        """Fit the current demands to the node (ROMA Algorithm 2) and tell every controller
+        what it was granted."""
+        granted = arbitrate(self._demands, self.node_cores, self.reserved_cores, self.spare_share, self.min_cores)
         for name, controller in self.controllers.items():
             controller.granted(granted[name])
         return {name: Allocation(self._demands[name], granted[name]) for name in self.controllers}

@@ -6,8 +6,12 @@ import json
 import random
 import subprocess
 import sys
+import time
 
-from gateway.bench import arrival_times, parse_steps
+import aiohttp
+from aiohttp import web
+
+from gateway.tools.bench import arrival_times, open_loop, parse_steps
 from tests.helpers import ROOT, run_gateway, write_config
 
 
@@ -53,3 +57,39 @@ def test_bench_open_and_closed_loop(tmp_models, tmp_path):
             assert "req/s" in done.stdout
         served = gateway.admin("mlp")["stats"]["requests"]
         assert served >= 30
+
+
+class SlowBar:
+    """A progress bar on a slow terminal: each update holds the generator's loop for 50 ms."""
+
+    def update(self, n: int) -> None:
+        time.sleep(0.05)
+
+
+async def test_open_loop_times_requests_from_when_they_were_due():
+    """Coordinated omission: when the generator falls behind its schedule, the lag is latency too.
+
+    Six requests are due within 5 ms, but the generator cannot send any before its progress bar
+    has held it 6 x 50 ms: each client waited at least 295 ms, though the server answers at once.
+    """
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/infer", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/infer"
+    times = [0.0, 0.001, 0.002, 0.003, 0.004, 0.005]
+    try:
+        async with aiohttp.ClientSession() as session:
+            behind = await open_loop(session, url, b"{}", times, SlowBar())  # type: ignore[arg-type]
+            on_time = await open_loop(session, url, b"{}", times, None)
+    finally:
+        await runner.cleanup()
+    assert behind.statuses == on_time.statuses == {"200": 6}
+    assert min(behind.latencies_ms) >= 6 * 50 - 5
+    assert max(on_time.latencies_ms) < 200  # on schedule, only the answer's own time

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -37,6 +39,21 @@ def test_example_config_loads(example_models):
         ("[node]\ncpu_cores = 2\n", "models", "at least one model"),
         ("[policy]\ncpu_scheduler = 'fifo'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "policy.cpu_scheduler", "unknown"),
         ("[models.m\n", "(syntax)", ""),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = true\n", "models.m.sla_ms", "must be a number, got a boolean"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = inf\n", "models.m.sla_ms", "positive"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 1979-05-27\n", "models.m.sla_ms", "a date"),
+        ("[models.'a b']\npath = 'mlp.onnx'\nsla_ms = 10\n", "models.a b", "letters, digits"),
+        ("[control]\nsetpoint_ratio = 1.5\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "control.setpoint_ratio", "(0, 1]"),
+        ("[control]\nactuator = 'x'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "control.actuator", "known: auto, cgroup"),
+        ("[node]\ngpus = [0, 0]\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "node.gpus", "distinct"),
+        ("[node]\ngpus = [true]\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "node.gpus[0]", "an integer"),
+        ("[server]\nbogus = 1\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "server.bogus", "known: admin_token"),
+        (
+            "[node]\ncpu_cores = 2\n[control]\nreserved_cores = 2\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "control.reserved_cores",
+            "under node.cpu_cores",
+        ),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { cores = 3, max_cores = 2 }\n", "models.m.cpu.cores", "min_cores"),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):
@@ -46,6 +63,39 @@ def test_config_errors_name_file_and_key(tmp_models, text, key, words):
     message = str(caught.value)
     assert message.startswith(f"{path}: {key}:")
     assert words in message
+
+
+def test_every_problem_of_a_file_is_named_at_once(tmp_models):
+    path = _write(tmp_models, "[server]\nport = 70000\nhost = 3\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 'x'\nmax_batch = 4\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).splitlines() == [
+        f"{path}: server.host: must be a string, got int 3",
+        f"{path}: server.port: must be 0-65535, got 70000",
+        f"{path}: models.m.sla_ms: must be a number, got str 'x'",
+        f"{path}: models.m.max_batch: unknown key (known: cpu, drop_late, gpu_profile, hang_timeout_ms, max_batch_size, "
+        "max_queue_size, path, plant, sla_ms)",
+    ]
+    assert caught.value.key == "server.host"
+
+
+def test_config_schema_command_describes_the_file(tmp_models):
+    """`gateway config-schema` prints a JSON Schema that the example config meets and a wrong one does not."""
+    import jsonschema_rs
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "config-schema"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    schema = json.loads(done.stdout)
+    assert schema["$schema"].endswith("2020-12/schema") and schema["required"] == ["models"]
+    assert {"server", "node", "gpu", "docker", "policy", "control", "models"} == set(schema["properties"])
+    sla = schema["$defs"]["ModelTable"]["properties"]["sla_ms"]
+    assert sla["exclusiveMinimum"] == 0 and "SLA" in sla["description"]
+    validator = jsonschema_rs.validator_for(schema)
+    assert validator.is_valid(tomllib.loads((ROOT / "examples" / "config.toml").read_text()))
+    for wrong in ("[models.m]\npath = 'm.onnx'\nsla_ms = 'soon'\n", "[models.m]\npath = 'm.onnx'\nsla_ms = 1\nmax_batch = 4\n"):
+        assert not validator.is_valid(tomllib.loads(wrong))
 
 
 def test_serve_exits_nonzero_on_config_error(tmp_models):

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import requests
 
-from supervisor.actuation import CGROUP_V1_CPU
+from executors.limits import unavailable_reason
 from tests.helpers import busy_model, run_gateway
 
 SLA_MS = 100.0
@@ -23,10 +23,7 @@ LOW_RPS, HIGH_RPS = 15.0, 80.0
 LOW_S, HIGH_S, DROP_S = 8.0, 25.0, 20.0
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
 
-needs_cgroup = pytest.mark.skipif(
-    not (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists() and not __import__("os").path.exists("/sys/fs/cgroup/cgroup.controllers"),
-    reason="no cgroup CPU controller on this machine",
-)
+needs_cgroup = pytest.mark.skipif(unavailable_reason("cpu") is not None, reason=unavailable_reason("cpu") or "")
 
 
 async def open_loop(url: str, steps: list[tuple[float, float]]) -> list[int]:

@@ -22,6 +22,13 @@ from supervisor.arbitration import arbitrate
 from supervisor.node import NodeSupervisor, Window
 
 
+def served(mean_ms: float | None, *, count: int = 10, cpu_s_per_request: float | None = None) -> Window:
+    """A period in which ``count`` requests completed at ``mean_ms`` each (None: none completed)."""
+    if mean_ms is None:
+        return Window()
+    return Window(count=count, total_ms=mean_ms * count, cpu_s=(cpu_s_per_request or 0.0) * count)
+
+
 @pytest.mark.parametrize(
     ("k", "b", "q"), [(1, 0.5, 0.3), (0.5, 0.2, 0.6), (2, 0.8, 0.1), (0.05, -0.3, 0.9), (10, DEFAULT_ZERO, DEFAULT_POLE)]
 )
@@ -61,37 +68,37 @@ def test_plant_gain_is_alpha_sla_over_service_time():
 def test_pi_adds_cores_when_late_and_gives_back_when_early():
     pi = PIController(initial_cores=0.5, min_cores=0.1, max_cores=2.0)
     # 8 ms of CPU a request, SLA 100 ms: k = 10, K = 0.1, a = 0.
-    up = pi.demand(160.0, 100.0, cpu_s_per_request=0.008)
+    up = pi.demand(served(160.0, cpu_s_per_request=0.008), 100.0)
     assert up == pytest.approx(0.5 + 0.1 * 1.0)
     pi.granted(up)
-    down = pi.demand(40.0, 100.0, cpu_s_per_request=0.008)
+    down = pi.demand(served(40.0, cpu_s_per_request=0.008), 100.0)
     assert down == pytest.approx(up - 0.1 * 0.5)
 
 
 def test_pi_anti_windup_starts_from_the_granted_cores():
     pi = PIController(initial_cores=1.0, min_cores=0.1, max_cores=4.0)
-    wanted = pi.demand(400.0, 100.0, cpu_s_per_request=0.008)
+    wanted = pi.demand(served(400.0, cpu_s_per_request=0.008), 100.0)
     assert wanted == pytest.approx(1.0 + 0.1 * 4.0)
     pi.granted(0.7)  # the supervisor had less to give
-    assert pi.demand(400.0, 100.0, cpu_s_per_request=0.008) == pytest.approx(0.7 + 0.1 * 4.0)
+    assert pi.demand(served(400.0, cpu_s_per_request=0.008), 100.0) == pytest.approx(0.7 + 0.1 * 4.0)
 
 
 def test_pi_clamps_to_its_limits():
     pi = PIController(initial_cores=1.9, min_cores=0.1, max_cores=2.0)
-    assert pi.demand(10_000.0, 100.0, cpu_s_per_request=0.02) == 2.0  # k = 4, K = 0.25: 1.9 + 1.0, clamped
+    assert pi.demand(served(10_000.0, cpu_s_per_request=0.02), 100.0) == 2.0  # k = 4, K = 0.25: 1.9 + 1.0, clamped
     pi.granted(0.15)
-    assert pi.demand(None, 100.0) == 0.1
+    assert pi.demand(served(None), 100.0) == 0.1
 
 
 def test_rules_baseline():
     rules = RuleController(initial_cores=1.0, min_cores=0.5, max_cores=3.0)
     assert rules.period_s == 15.0
-    assert rules.demand(80.0, 100.0) == 2.0  # at 0.8 SLA: one more core
+    assert rules.demand(served(80.0), 100.0) == 2.0  # at 0.8 SLA: one more core
     rules.granted(2.0)
-    assert rules.demand(50.0, 100.0) == 2.0  # between the thresholds: unchanged
-    assert rules.demand(20.0, 100.0) == 1.0  # at 0.2 SLA: one fewer
+    assert rules.demand(served(50.0), 100.0) == 2.0  # between the thresholds: unchanged
+    assert rules.demand(served(20.0), 100.0) == 1.0  # at 0.2 SLA: one fewer
     rules.granted(0.5)
-    assert rules.demand(None, 100.0) == 0.5  # never under the minimum
+    assert rules.demand(served(None), 100.0) == 0.5  # never under the minimum
 
 
 def test_supervisor_scales_by_eta_when_demand_exceeds_the_node():

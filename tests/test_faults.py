@@ -16,7 +16,7 @@ import pytest
 import requests
 from onnx import TensorProto, helper
 
-from executors.memory import MemoryLimit
+from executors.limits import unavailable_reason
 from tests.helpers import busy_config, run_gateway, save_model
 
 TIMEOUT_S = 3.0
@@ -102,15 +102,8 @@ def memory_hog(path: Path) -> Path:
 
 
 def memory_cgroup_reason() -> str | None:
-    probe = MemoryLimit("probe", 64)
-    try:
-        probe.group.mkdir(parents=True, exist_ok=True)
-        (probe.group / ("memory.limit_in_bytes" if probe.v1 else "memory.max")).write_text(str(64 << 20))
-    except OSError as error:
-        return f"no writable memory cgroup here ({error})"
-    finally:
-        probe.close()
-    return None
+    reason = unavailable_reason("memory")
+    return f"no writable memory cgroup here ({reason})" if reason else None
 
 
 def test_an_executor_out_of_memory_is_killed_answered_and_replaced(tmp_path):

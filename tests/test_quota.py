@@ -1,17 +1,27 @@
-"""A CPU quota really caps an executor: its CPU time over wall time, measured from the OS."""
+"""A CPU quota really caps an executor: its CPU time over wall time, measured from the OS; and the
+cores counted are those enforced (the CFS floor, affinity's whole CPUs), not those granted."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
+import numpy as np
 import psutil
+import pytest
 import requests
 
+from executors.container import DockerBackend, DockerExecutor
+from executors.limits import CFS_PERIOD_US, MIN_QUOTA_US, AffinityActuator, make_actuator, unavailable_reason
+from executors.process import ProcessExecutor
 from tests.helpers import busy_model, run_gateway
-from tests.test_control_loop import needs_cgroup
+
+needs_cgroup = pytest.mark.skipif(unavailable_reason("cpu") is not None, reason=unavailable_reason("cpu") or "")
 
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
 
@@ -75,3 +85,91 @@ cpu = { cores = 0.5, threads = 2, max_cores = 2 }
         lifted = await measured_cores(pid, url)
         assert lifted > 0.9, lifted
         assert gateway.executor_pid("busy") == pid  # resized, not restarted
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+@needs_cgroup
+def test_a_grant_under_the_cfs_floor_counts_the_floor(sleeper):
+    actuator = make_actuator("cgroup")
+    assert CFS_PERIOD_US == 10_000
+    try:
+        actuator.attach("cpu-tiny", sleeper.pid)
+        assert actuator.apply("cpu-tiny", 0.05) == pytest.approx(0.1)
+        group = actuator.hierarchy.group("cpu-tiny").path
+        if actuator.hierarchy.v2:
+            assert (group / "cpu.max").read_text().split() == [str(MIN_QUOTA_US), str(CFS_PERIOD_US)]
+        else:
+            assert int((group / "cpu.cfs_quota_us").read_text()) == MIN_QUOTA_US == 1000
+            assert int((group / "cpu.cfs_period_us").read_text()) == CFS_PERIOD_US
+        assert str(sleeper.pid) in (group / "cgroup.procs").read_text().split()
+        assert actuator.apply("cpu-tiny", 0.3) == pytest.approx(0.3)  # above the floor, as granted
+    finally:
+        sleeper.kill()
+        sleeper.wait()  # a group holding a process cannot be removed
+        actuator.close()
+    assert not actuator.hierarchy.base.exists()
+
+
+def test_cpu_affinity_counts_the_whole_cpus_it_pins(sleeper):
+    actuator = AffinityActuator()
+    available = len(psutil.Process().cpu_affinity())
+    actuator.attach("cpu-a", sleeper.pid)
+    assert actuator.apply("cpu-a", 0.3) == 1.0
+    assert len(psutil.Process(sleeper.pid).cpu_affinity()) == 1
+    assert actuator.apply("cpu-a", 1.5) == min(2.0, available)
+    assert len(psutil.Process(sleeper.pid).cpu_affinity()) == min(2, available)
+    assert actuator.apply("cpu-a", available + 3) == available
+
+
+def test_an_executor_reports_the_cores_its_actuator_will_enforce(tmp_path):
+    def executor(**options) -> ProcessExecutor:
+        return ProcessExecutor("cpu-m", {"m": Path("m.onnx")}, device="cpu", threads=1, socket_dir=tmp_path, **options)
+
+    assert executor(cores=0.05).enforced_cores == 0.05  # nothing enforces it: the grant
+    assert executor(cores=0.3, actuator=AffinityActuator()).enforced_cores == 1.0
+    if unavailable_reason("cpu") is None:
+        actuator = make_actuator("cgroup")
+        try:
+            tiny = executor(cores=0.05, actuator=actuator)
+            assert tiny.enforced_cores == pytest.approx(0.1)
+            tiny.set_cores(0.5)
+            assert tiny.enforced_cores == pytest.approx(0.5)
+        finally:
+            actuator.close()
+    backend = DockerBackend()  # no daemon needed: nothing is started
+    try:
+        container = DockerExecutor(
+            "cpu-m", {"m": Path("m.onnx")}, device="cpu", threads=1, cores=0.05, socket_dir=tmp_path, docker_backend=backend
+        )
+        assert container.enforced_cores == pytest.approx(0.1)  # Docker's quota has the same 1 ms floor
+    finally:
+        backend.close()
+
+
+async def test_a_process_executor_reports_the_cpu_time_it_used(tmp_path, example_models):
+    actuator = make_actuator("auto")
+    models = {"mlp": example_models / "mlp.onnx"}
+    executor = ProcessExecutor("cpu-mlp", models, device="cpu", threads=1, cores=1.0, socket_dir=tmp_path, actuator=actuator)
+    assert executor.cpu_seconds() is None  # not started
+    try:
+        await executor.start()
+        assert executor.enforced_cores == 1.0
+        before = executor.cpu_seconds()
+        assert before is not None and before > 0  # loading the model took CPU
+        x = np.random.default_rng(0).random((64, 512), dtype=np.float32)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            await executor.infer("mlp", {"x": x})
+        after = executor.cpu_seconds()
+        assert after is not None and after - before > 0.05, (before, after)
+    finally:
+        await executor.stop()
+        actuator.close()
+    assert executor.cpu_seconds() is None  # the process is gone

@@ -1,7 +1,8 @@
 """``gateway bench``: load against a running gateway, open-loop or closed-loop.
 
 Open loop (``--rate`` or ``--steps``): requests leave at Poisson arrival times whatever the
-server does, so queueing shows up in the latencies (no coordinated omission). Closed loop
+server does, and each is timed from its arrival time, so queueing shows up in the latencies
+even when the generator falls behind (no coordinated omission). Closed loop
 (``--concurrency``): N clients, each sending its next request when the last one returned.
 """
 
@@ -99,8 +100,9 @@ def request_body(
     return json.dumps(body).encode()
 
 
-async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: Outcome) -> None:
-    started = time.perf_counter()
+async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: Outcome, scheduled: float | None = None) -> None:
+    """One request; its latency runs from ``scheduled`` (a perf_counter time) when it has one, else from now."""
+    started = time.perf_counter() if scheduled is None else scheduled
     try:
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
             await response.read()
@@ -111,17 +113,25 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: 
 
 
 async def open_loop(session: aiohttp.ClientSession, url: str, body: bytes, times: list[float], bar: tqdm | None) -> Outcome:
+    """Send a request at each of ``times`` (seconds from now), whatever the server does.
+
+    Each latency runs from when the request was due, not from when it left: when this
+    generator falls behind its schedule (a busy loop, a slow progress bar, too many requests
+    to send), the lag is part of what a client of a server that slow would have waited,
+    and leaving it out would hide the queueing (coordinated omission).
+    """
     outcome = Outcome()
     outstanding: set[asyncio.Task[None]] = set()
     start = time.perf_counter()
     for t in times:
-        delay = start + t - time.perf_counter()
+        due = start + t
+        delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         if len(outstanding) >= MAX_OUTSTANDING:
             outcome.dropped += 1
             continue
-        task = asyncio.create_task(_send(session, url, body, outcome))
+        task = asyncio.create_task(_send(session, url, body, outcome, scheduled=due))
         outstanding.add(task)
         task.add_done_callback(outstanding.discard)
         if bar is not None:

@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 
 from controllers.identification import StepPoint, gain_from_step
-from gateway.bench import arrival_times, open_loop, request_body
+from gateway.tools.bench import arrival_times, open_loop, request_body
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

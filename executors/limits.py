@@ -1,0 +1,268 @@
+"""What each executor may use: its CPU quota and memory limit, carried out by the kernel.
+
+One group per executor and controller, all named the same way: ``gateway-<gateway pid>/<executor
+id>``. Under cgroup v1 the group sits in each controller's own hierarchy (``/sys/fs/cgroup/cpu/...``
+and ``/sys/fs/cgroup/memory/...``); under cgroup v2 it is one group, beside the gateway's own, with
+both controllers enabled (a process can be in a single v2 group, so CPU and memory must share it).
+
+- CPU: ``cpu.cfs_quota_us = cores x cpu.cfs_period_us`` (v1) or ``cpu.max = "<quota> <period>"``
+  (v2), written to the running process, so fractional cores such as 0.3 are real and a resize
+  needs no restart. Where no cgroup can be written the fallback pins the process to whole CPUs
+  with CPU affinity (psutil); the ONNX Runtime thread count was fixed when the executor started.
+- Memory: ``memory.limit_in_bytes`` (v1) or ``memory.max`` (v2). An executor over its limit is
+  killed by the kernel's OOM killer and restarted like any crashed one; the group's OOM-kill count
+  tells the log why it died. Docker executors get both limits from Docker instead
+  (``cpu_quota``/``cpu_period``, ``mem_limit``; the container's ``State.OOMKilled``), with the same
+  quota arithmetic (``quota_us``).
+
+What is enforced is not always what was granted, and the meters count what is enforced: the
+kernel's smallest quota is 1 ms, so under 0.1 core at a 10 ms period every grant is 0.1 core, and
+affinity rounds up to whole CPUs. ``Actuator.apply`` returns the cores really enforced.
+
+The CFS period is 10 ms rather than the kernel's 100 ms: a process that spends its quota is
+paused for the rest of the period, and at 100 ms that pause alone would break the tens-of-ms
+SLAs served here (a 0.3-core executor could stall 70 ms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+log = logging.getLogger("executors")
+
+CFS_PERIOD_US = 10_000
+# The kernel refuses a CFS quota under 1 ms (and so does Docker).
+MIN_QUOTA_US = 1_000
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# A v1 hierarchy has this file at its root when the controller is mounted there.
+_V1_PROBE = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes"}
+
+
+def quota_us(cores: float, period_us: int) -> int:
+    """The CFS quota for ``cores``, floored at the kernel's minimum."""
+    return max(MIN_QUOTA_US, round(cores * period_us))
+
+
+def quota_cores(cores: float, period_us: int) -> float:
+    """The cores a CFS quota for ``cores`` really gives: 0.05 core is 0.1 core at a 10 ms period."""
+    return quota_us(cores, period_us) / period_us
+
+
+def group_name(executor_id: str) -> str:
+    """The one naming scheme of every executor's group, relative to a hierarchy's root."""
+    return f"gateway-{os.getpid()}/{executor_id}"
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where this gateway's groups of one controller (``cpu`` or ``memory``) live."""
+
+    controller: str
+    v2: bool
+    root: Path  # the parent of gateway-<pid>/
+
+    @classmethod
+    def find(cls, controller: str, root: Path = CGROUP_ROOT) -> Hierarchy:
+        """The hierarchy that carries ``controller``; OSError where there is none."""
+        if (root / controller / _V1_PROBE[controller]).exists():
+            return cls(controller, False, root / controller)
+        controllers = root / "cgroup.controllers"
+        if controllers.exists() and controller in controllers.read_text().split():
+            # Beside the gateway's own group: v2 lets no group hold processes and give controllers to children.
+            own = Path(Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1].lstrip("/"))
+            return cls(controller, True, root / own.parent if own.name else root)
+        raise OSError(f"no cgroup v1 {controller} controller at {root / controller} and no cgroup v2 one at {root}")
+
+    @property
+    def name(self) -> str:
+        return "cgroup-v2" if self.v2 else "cgroup-v1"
+
+    @property
+    def base(self) -> Path:
+        return self.root / f"gateway-{os.getpid()}"
+
+    def prepare(self) -> None:
+        """Make ``gateway-<pid>/`` (raises OSError where it cannot be written)."""
+        self.base.mkdir(exist_ok=True)
+        if self.v2:
+            for parent in (self.root, self.base):
+                enabled = (parent / "cgroup.subtree_control").read_text().split()
+                if self.controller not in enabled:
+                    (parent / "cgroup.subtree_control").write_text(f"+{self.controller}")
+
+    def group(self, executor_id: str) -> ExecutorCgroup:
+        return ExecutorCgroup(self, executor_id)
+
+    def remove(self) -> None:
+        """Remove every group left (those still holding a process stay) and then ``gateway-<pid>/``."""
+        for group in sorted(self.base.glob("*/"), reverse=True):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        with contextlib.suppress(OSError):
+            self.base.rmdir()
+
+
+class ExecutorCgroup:
+    """One executor's group in one hierarchy: made on first use, removed by ``remove``."""
+
+    def __init__(self, hierarchy: Hierarchy, executor_id: str):
+        self.hierarchy = hierarchy
+        self.path = hierarchy.root / group_name(executor_id)
+
+    def _ensure(self) -> Path:
+        if not self.path.is_dir():
+            self.hierarchy.prepare()
+            self.path.mkdir(exist_ok=True)
+        return self.path
+
+    def add(self, pid: int) -> None:
+        """Move ``pid`` into the group; cgroup.procs moves every thread, and later threads stay in it."""
+        (self._ensure() / "cgroup.procs").write_text(str(pid))
+
+    def set_cpu_quota(self, cores: float, period_us: int = CFS_PERIOD_US) -> float:
+        """Cap the group at ``cores``; returns the cores really enforced (see ``quota_cores``)."""
+        group, quota = self._ensure(), quota_us(cores, period_us)
+        if self.hierarchy.v2:
+            (group / "cpu.max").write_text(f"{quota} {period_us}")
+        else:
+            period = group / "cpu.cfs_period_us"
+            if period.read_text().strip() != str(period_us):
+                period.write_text(str(period_us))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        return quota / period_us
+
+    def set_memory_limit(self, limit_bytes: int) -> None:
+        group = self._ensure()
+        if self.hierarchy.v2:
+            (group / "memory.max").write_text(str(limit_bytes))
+            with contextlib.suppress(OSError):
+                (group / "memory.swap.max").write_text("0")
+        else:
+            (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            # Without swap accounting this file is absent; with it, swap must not dodge the limit.
+            with contextlib.suppress(OSError):
+                (group / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+
+    def oom_kills(self) -> int:
+        """How many processes of the group the OOM killer has ended (memory groups only)."""
+        name = "memory.events" if self.hierarchy.v2 else "memory.oom_control"
+        try:
+            rows = (self.path / name).read_text().splitlines()
+        except OSError:
+            return 0
+        counts = dict(row.split() for row in rows if len(row.split()) == 2)
+        return int(counts.get("oom_kill", 0))
+
+    def remove(self) -> None:
+        """Remove the group, and ``gateway-<pid>/`` once it is empty (its processes must be gone)."""
+        for group in (self.path, self.path.parent):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
+def unavailable_reason(controller: str, root: Path = CGROUP_ROOT) -> str | None:
+    """Why this gateway cannot make groups of ``controller`` here, or None when it can."""
+    try:
+        hierarchy = Hierarchy.find(controller, root)
+        probe = hierarchy.group("probe")
+        try:
+            if controller == "cpu":
+                probe.set_cpu_quota(1.0)
+            else:
+                probe.set_memory_limit(64 << 20)
+        finally:
+            probe.remove()
+    except OSError as error:
+        return f"no writable {controller} cgroup here ({error})"
+    return None
+
+
+class Actuator(Protocol):
+    """Carries out the cores granted to running executor processes, without restarting them."""
+
+    name: str
+
+    def attach(self, executor_id: str, pid: int) -> None: ...
+    def apply(self, executor_id: str, cores: float) -> float:
+        """Give the executor ``cores``; returns the cores really enforced."""
+        ...
+
+    def enforced(self, cores: float) -> float:
+        """The cores ``apply`` would enforce for ``cores``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class CgroupActuator:
+    """A CPU quota per executor in its cpu group (v1 or v2)."""
+
+    def __init__(self, hierarchy: Hierarchy, period_us: int = CFS_PERIOD_US):
+        self.hierarchy, self.period_us = hierarchy, period_us
+        self.name = hierarchy.name
+        hierarchy.prepare()
+
+    def attach(self, executor_id: str, pid: int) -> None:
+        self.hierarchy.group(executor_id).add(pid)
+
+    def apply(self, executor_id: str, cores: float) -> float:
+        return self.hierarchy.group(executor_id).set_cpu_quota(cores, self.period_us)
+
+    def enforced(self, cores: float) -> float:
+        return quota_cores(cores, self.period_us)
+
+    def close(self) -> None:
+        self.hierarchy.remove()
+
+
+class AffinityActuator:
+    """The fallback: the process is pinned to ceil(cores) of the CPUs the gateway may use."""
+
+    name = "affinity"
+
+    def __init__(self) -> None:
+        self._cpus = sorted(psutil.Process().cpu_affinity() or range(os.cpu_count() or 1))
+        self._pids: dict[str, int] = {}
+
+    def attach(self, executor_id: str, pid: int) -> None:
+        self._pids[executor_id] = pid
+
+    def enforced(self, cores: float) -> float:
+        return float(min(len(self._cpus), max(1, math.ceil(cores - 1e-9))))
+
+    def apply(self, executor_id: str, cores: float) -> float:
+        count = int(self.enforced(cores))
+        pid = self._pids.get(executor_id)
+        if pid is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).cpu_affinity(self._cpus[:count])
+        return float(count)
+
+    def close(self) -> None:
+        self._pids.clear()
+
+
+def make_actuator(kind: str = "auto", period_us: int = CFS_PERIOD_US, root: Path = CGROUP_ROOT) -> Actuator:
+    """The actuator asked for, or for "auto" the best this host allows; the choice is logged once."""
+    problem = ""
+    if kind in ("auto", "cgroup"):
+        try:
+            actuator = CgroupActuator(Hierarchy.find("cpu", root), period_us)
+        except OSError as error:
+            problem = str(error)
+        else:
+            log.info("cores are enforced with %s CPU quotas (CFS period %d us)", actuator.name, period_us)
+            return actuator
+        if kind == "cgroup":
+            raise RuntimeError("no cgroup CPU controller can be written here: " + problem)
+    if kind == "auto":
+        log.warning("cgroups cannot be written (%s); falling back to CPU affinity: cores are rounded up to whole CPUs", problem)
+    return AffinityActuator()

@@ -1,0 +1,68 @@
+"""The TOML configuration of ``gateway serve``: its schema (``schema.py``) and its loading (``loading.py``).
+
+Every error names the file, the key and what is wrong, and is raised before anything starts.
+Unknown keys are errors too: a misspelt knob must not be silently ignored.
+"""
+
+from gateway.config.loading import ConfigError, exposure_error, json_schema, load_config
+from gateway.config.schema import (
+    ACTUATORS,
+    CONTROL_POLICIES,
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_ELEMENTS,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_QUEUE_SIZE,
+    DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT_MS,
+    EXECUTOR_BACKENDS,
+    GPU_EXECUTORS,
+    GPU_POLICIES,
+    HANG_TIMEOUT_SLAS,
+    MIN_HANG_TIMEOUT_MS,
+    ConfigFile,
+    ControlConfig,
+    CpuExecutorConfig,
+    DockerConfig,
+    GatewayConfig,
+    GpuConfig,
+    ModelConfig,
+    NodeConfig,
+    PlantConfig,
+    PolicyConfig,
+    ServerConfig,
+)
+
+__all__ = [
+    "ACTUATORS",
+    "CONTROL_POLICIES",
+    "DEFAULT_DRAIN_TIMEOUT_S",
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_ELEMENTS",
+    "DEFAULT_MAX_JSON_DEPTH",
+    "DEFAULT_MAX_QUEUE_SIZE",
+    "DEFAULT_PORT",
+    "DEFAULT_REQUEST_TIMEOUT_MS",
+    "EXECUTOR_BACKENDS",
+    "GPU_EXECUTORS",
+    "GPU_POLICIES",
+    "HANG_TIMEOUT_SLAS",
+    "MIN_HANG_TIMEOUT_MS",
+    "ConfigError",
+    "ConfigFile",
+    "ControlConfig",
+    "CpuExecutorConfig",
+    "DockerConfig",
+    "GatewayConfig",
+    "GpuConfig",
+    "ModelConfig",
+    "NodeConfig",
+    "PlantConfig",
+    "PolicyConfig",
+    "ServerConfig",
+    "exposure_error",
+    "json_schema",
+    "load_config",
+]

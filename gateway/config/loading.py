@@ -1,0 +1,299 @@
+"""Loading a ``gateway serve`` config: TOML in, a checked ``GatewayConfig`` out.
+
+pydantic checks each value against the schema (``schema.py``); this module reads the file,
+turns pydantic's findings into errors that name the file and the full key, resolves paths,
+takes tokens from the environment, works out the defaults that depend on other values and
+checks what spans several values. Every error is raised before anything starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import ipaddress
+import json
+import os
+import tomllib
+import typing
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic.json_schema import GenerateJsonSchema
+
+from controllers.pi import pi_gains
+from gateway.config.schema import (
+    MODEL_NAME_PATTERN,
+    ConfigFile,
+    CpuExecutorConfig,
+    CpuTable,
+    GatewayConfig,
+    GpuConfig,
+    GpuTable,
+    ModelConfig,
+    ModelTable,
+    NodeConfig,
+    ServerConfig,
+    default_threads,
+)
+
+
+class ConfigError(ValueError):
+    """What is wrong with a config file: ``FILE: KEY: problem``, one line per problem found."""
+
+    def __init__(self, source: Path | str, key: str, message: str, more: Sequence[tuple[str, str]] = ()):
+        self.source, self.key = source, key
+        lines = [f"{source}: {k}: {m}" for k, m in ((key, message), *more)]
+        super().__init__("\n".join(lines))
+
+
+@cache
+def _file_adapter() -> TypeAdapter[ConfigFile]:
+    return TypeAdapter(ConfigFile)
+
+
+class _Described(GenerateJsonSchema):
+    """The schema without a title per property: each property's name and description say it."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a config file (TOML read as JSON), for editors and validators."""
+    schema = _file_adapter().json_schema(schema_generator=_Described)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "gateway serve config"}
+
+
+def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
+    source = Path(path)
+    try:
+        raw = tomllib.loads(source.read_text())
+    except FileNotFoundError:
+        raise ConfigError(source, "(file)", "no such file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(source, "(syntax)", str(error)) from None
+    if not raw.get("models"):
+        raise ConfigError(source, "models", "at least one model is required, as a [models.NAME] table")
+    _reject_dates(source, raw, "")
+    try:
+        # TOML's values (dates aside) are JSON's, and JSON mode lets strict checking take a
+        # list for a tuple and a string for a path.
+        file = _file_adapter().validate_json(json.dumps(raw), strict=True)
+    except ValidationError as error:
+        problems = [_problem(e) for e in error.errors(include_url=False)]
+        raise ConfigError(source, *problems[0], more=problems[1:]) from None
+
+    base = source.resolve().parent
+    server = _server(file.server, base)
+    node = file.node
+    control = file.control
+    if not control.reserved_cores < node.cpu_cores:
+        raise ConfigError(
+            source, "control.reserved_cores", f"must be under node.cpu_cores ({node.cpu_cores}), got {control.reserved_cores}"
+        )
+    gpu = _gpu(source, file.gpu, node, base)
+    default_cores = node.cpu_cores / len(file.models)
+    models = {name: _model(source, name, table, server, node, gpu, default_cores) for name, table in file.models.items()}
+    return GatewayConfig(
+        source=source, server=server, node=node, policy=file.policy, control=control, gpu=gpu, docker=file.docker, models=models
+    )
+
+
+def _server(server: ServerConfig, base: Path) -> ServerConfig:
+    return dataclasses.replace(
+        server,
+        admin_token=_token("GATEWAY_ADMIN_TOKEN", server.admin_token),
+        data_token=_token("GATEWAY_DATA_TOKEN", server.data_token),
+        model_dir=(base / server.model_dir).resolve() if server.model_dir else base,
+    )
+
+
+def _token(variable: str, configured: str | None) -> str | None:
+    """A token from the environment wins over the config's; an empty one is none."""
+    return os.environ.get(variable) or configured or None
+
+
+def _gpu(source: Path, table: GpuTable, node: NodeConfig, base: Path) -> GpuConfig:
+    profile = base / table.profile if table.profile else None
+    gpu = GpuConfig(**{**vars(table), "profile": profile})
+    if gpu.executor == "emulated" and node.gpus:
+        if profile is None:
+            raise ConfigError(source, "gpu.profile", "an emulated GPU needs a profile CSV (model, alpha_ms, beta_ms)")
+        gpu = dataclasses.replace(gpu, profiles=_read_profiles(source, profile))
+    return gpu
+
+
+def _model(
+    source: Path, name: str, table: ModelTable, server: ServerConfig, node: NodeConfig, gpu: GpuConfig, default_cores: float
+) -> ModelConfig:
+    key = f"models.{name}"
+    path = table.path if table.path.is_absolute() else source.resolve().parent / table.path
+    assert server.model_dir is not None
+    if not path.resolve().is_relative_to(server.model_dir):
+        raise ConfigError(source, f"{key}.path", f"{path} is outside the model directory {server.model_dir} (server.model_dir)")
+    if not path.is_file():
+        raise ConfigError(source, f"{key}.path", f"no ONNX file at {path}")
+    cpu = _cpu(source, f"{key}.cpu", table.cpu, node, default_cores)
+    try:
+        pi_gains(table.plant.gain, table.plant.zero, table.plant.pole)
+    except ValueError as error:
+        raise ConfigError(source, f"{key}.plant", str(error)) from None
+    row = table.gpu_profile or name
+    if gpu.executor == "emulated" and node.gpus and row not in gpu.profiles:
+        raise ConfigError(source, f"{key}.gpu_profile", f"{gpu.profile} has no row {row!r} for this model")
+    fields = {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}
+    return ModelConfig(**{**fields, "name": name, "path": path, "cpu": cpu})
+
+
+def _cpu(source: Path, key: str, table: CpuTable, node: NodeConfig, default_cores: float) -> CpuExecutorConfig:
+    cores = table.cores if table.cores is not None else default_cores
+    max_cores = table.max_cores if table.max_cores is not None else node.cpu_cores
+    if not table.min_cores <= cores <= max_cores:
+        raise ConfigError(source, f"{key}.cores", f"must lie in [min_cores, max_cores] = [{table.min_cores}, {max_cores}]")
+    threads = table.threads if table.threads is not None else default_threads(cores, max_cores)
+    return CpuExecutorConfig(
+        cores=cores, threads=threads, min_cores=table.min_cores, max_cores=max_cores, memory_mb=table.memory_mb
+    )
+
+
+def exposure_error(server: ServerConfig) -> str | None:
+    """Why the gateway must not listen where it is asked to, or None.
+
+    The admin API changes SLAs and cores: on any address but loopback it needs a token.
+    """
+    if server.admin_token is not None or server.host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(server.host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to anything
+    return (
+        f"refusing to serve the admin API on {server.host}, which is not a loopback address, without a token: "
+        "set GATEWAY_ADMIN_TOKEN (or server.admin_token), or listen on 127.0.0.1"
+    )
+
+
+def _read_profiles(source: Path, path: Path) -> dict[str, tuple[float, float]]:
+    """model -> (per-item ms, fixed ms) from a zoo CSV such as ../shared/data/symphony_zoo_a100.csv."""
+    try:
+        with path.open() as handle:
+            return {row["model"]: (float(row["alpha_ms"]), float(row["beta_ms"])) for row in csv.DictReader(handle)}
+    except FileNotFoundError:
+        raise ConfigError(source, "gpu.profile", f"no such file {path}") from None
+    except (KeyError, ValueError) as error:
+        raise ConfigError(source, "gpu.profile", f"{path} needs the columns model, alpha_ms, beta_ms: {error}") from None
+
+
+# -- pydantic's findings as FILE: KEY: problem ------------------------------------------------
+
+
+def _reject_dates(source: Path, value: Any, key: str) -> None:
+    """TOML has dates and times; no key of this config takes one."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _reject_dates(source, item, f"{key}.{name}" if key else name)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _reject_dates(source, item, f"{key}[{index}]")
+    elif isinstance(value, datetime.date | datetime.time):
+        raise ConfigError(source, key, f"is a date or a time ({value}); no key of this config takes one")
+
+
+KINDS = {
+    "float": "a number",
+    "int": "an integer",
+    "bool": "true or false",
+    "string": "a string",
+    "dict": "a table",
+    "dataclass": "a table",
+    "list": "a list",
+    "tuple": "a list",
+}
+
+
+def _problem(error: Any) -> tuple[str, str]:
+    """(full key, what is wrong) for one of pydantic's errors, in the words of this config."""
+    loc = [part for part in error["loc"] if part != "[key]"]
+    key = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc)) or "(top level)"
+    kind, value = error["type"], error.get("input")
+    got = "a boolean" if isinstance(value, bool) else f"{type(value).__name__} {value!r}"
+    if kind == "missing":
+        return key, "is required"
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        known = _known_keys(loc[:-1])
+        return key, f"unknown key (known: {', '.join(known)})"
+    if kind.endswith("_type") and kind.removesuffix("_type") in KINDS:
+        return key, f"must be {KINDS[kind.removesuffix('_type')]}, got {got}"
+    if kind == "literal_error":
+        known = typing.get_args(_bare(_field_type(loc)))
+        return key, f"unknown {loc[-1]} {value!r} (known: {', '.join(known)})"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
+        return key, f"must be {_bounds(loc)}, got {value!r}"
+    if kind == "string_pattern_mismatch" and error["ctx"]["pattern"] == MODEL_NAME_PATTERN:
+        return key, "a model name may hold letters, digits, '_', '-' and '.' only"
+    if kind == "value_error":
+        return key, str(error["ctx"]["error"])
+    return key, error["msg"]
+
+
+def _field_type(loc: Sequence[str | int]) -> Any:
+    """The declared type at a key of the file, with its Annotated limits kept."""
+    kind: Any = ConfigFile
+    for part in loc:
+        kind = _bare(kind)
+        if dataclasses.is_dataclass(kind):
+            kind = typing.get_type_hints(kind, include_extras=True)[str(part)]
+        elif typing.get_origin(kind) is dict:
+            kind = typing.get_args(kind)[1]
+        else:  # a tuple's item
+            kind = typing.get_args(kind)[0]
+    return kind
+
+
+def _unwrap(kind: Any) -> tuple[Any, list[Any]]:
+    """The type under Annotated[...] and ... | None, and the Annotated metadata met on the way."""
+    metadata: list[Any] = []
+    while True:
+        if typing.get_origin(kind) is typing.Annotated:
+            kind, *extra = typing.get_args(kind)
+            metadata += extra
+        elif type(None) in typing.get_args(kind):
+            kind = next(k for k in typing.get_args(kind) if k is not type(None))
+        else:
+            return kind, metadata
+
+
+def _bare(kind: Any) -> Any:
+    return _unwrap(kind)[0]
+
+
+def _known_keys(loc: Sequence[str | int]) -> list[str]:
+    table = _bare(_field_type(loc))
+    return sorted(f.name for f in dataclasses.fields(table)) if dataclasses.is_dataclass(table) else []
+
+
+def _bounds(loc: Sequence[str | int]) -> str:
+    """A number's limits in words: 'a positive number', '0-65535', 'in (0, 1]'."""
+    kind, metadata = _unwrap(_field_type(loc))
+    limits: dict[str, float] = {}
+    for meta in metadata:
+        for item in getattr(meta, "metadata", [meta]):  # a Field's annotated_types.Gt, Le, ...
+            limits |= {name: getattr(item, name) for name in ("gt", "ge", "lt", "le") if getattr(item, name, None) is not None}
+    low = ("gt", limits["gt"]) if "gt" in limits else ("ge", limits["ge"]) if "ge" in limits else None
+    high = ("lt", limits["lt"]) if "lt" in limits else ("le", limits["le"]) if "le" in limits else None
+    if low == ("gt", 0) and high is None:
+        return "a positive number"
+    if low and high:
+        if low[0] == "ge" and high[0] == "le":
+            return f"{low[1]}-{high[1]}" if kind is int else f"between {low[1]} and {high[1]}"
+        return f"in {'(' if low[0] == 'gt' else '['}{low[1]}, {high[1]}{')' if high[0] == 'lt' else ']'}"
+    if low:
+        return f"{'over' if low[0] == 'gt' else 'at least'} {low[1]}"
+    if high:
+        return f"{'under' if high[0] == 'lt' else 'at most'} {high[1]}"
+    return "a finite number"

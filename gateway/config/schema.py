@@ -1,0 +1,296 @@
+"""The schema of ``config.toml``: one typed class per TOML table, with its defaults and limits.
+
+pydantic checks a file against these classes (types, limits, allowed values, unknown keys) and
+writes their JSON Schema (``gateway config-schema``); the docstring under a field is its
+description there. What depends on more than one value (paths under the model directory,
+cores within their bounds, the GPU profile's rows) is checked by the loader, ``loading.py``.
+
+Most tables are used as they are written. Three are worked out by the loader first: the
+``*Table`` classes are the file, the ``*Config`` ones what the gateway runs with.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal, get_args
+
+from pydantic import AfterValidator, ConfigDict, Field, with_config
+
+from controllers.pi import DEFAULT_GAIN, DEFAULT_POLE, DEFAULT_ZERO
+from schedulers.gpu import POLICIES
+
+DEFAULT_PORT = 8000
+DEFAULT_HOST = "127.0.0.1"
+# Triton's HTTP endpoint accepts bodies up to 64 MiB by default; a 640x640 image as JSON fits.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A KServe request nests a few levels plus one per tensor dimension.
+DEFAULT_MAX_JSON_DEPTH = 32
+# 64 MiB of FP32: the most a default-size binary body can carry.
+DEFAULT_MAX_ELEMENTS = 16 * 1024 * 1024
+DEFAULT_REQUEST_TIMEOUT_MS = 60_000.0
+DEFAULT_DRAIN_TIMEOUT_S = 10.0
+DEFAULT_MAX_QUEUE_SIZE = 1024
+DEFAULT_MAX_BATCH_SIZE = 32
+# ROMA's own controller clamps at 0.1 core: less leaves a model unable to answer at all.
+DEFAULT_MIN_CORES = 0.1
+# A batch that takes 10 SLAs (at least 2 s) is not slow, it is stuck.
+HANG_TIMEOUT_SLAS = 10
+MIN_HANG_TIMEOUT_MS = 2000.0
+
+# Every table: no unknown key (a misspelt knob must not be silently ignored), no coercion (a
+# string is not a number, a boolean is never one), no infinity or NaN.
+TABLE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Share = Annotated[float, Field(ge=0, le=1)]
+MODEL_NAME_PATTERN = r"^[\w.-]+$"
+ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+
+
+def _distinct(ids: tuple[int, ...]) -> tuple[int, ...]:
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"must be distinct GPU device ids such as [0, 1], got {list(ids)}")
+    return ids
+
+
+def _host_cores() -> float:
+    return float(os.cpu_count() or 1)
+
+
+ExecutorBackend = Literal["process", "docker"]
+GpuExecutor = Literal["cuda", "emulated"]
+GpuPolicy = Literal[POLICIES]  # type: ignore[valid-type]  # schedulers/gpu.py's names
+ControlPolicy = Literal["fixed", "pi", "rules", "max", "min"]
+Actuator = Literal["auto", "cgroup", "affinity"]
+EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
+GPU_EXECUTORS: tuple[str, ...] = get_args(GpuExecutor)
+GPU_POLICIES: tuple[str, ...] = POLICIES
+CONTROL_POLICIES: tuple[str, ...] = get_args(ControlPolicy)
+ACTUATORS: tuple[str, ...] = get_args(Actuator)
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class ServerConfig:
+    """[server]: where the gateway listens, its limits on requests, its tokens."""
+
+    host: str = DEFAULT_HOST
+    """Address to listen on; anything but loopback needs an admin token."""
+    port: Annotated[int, Field(ge=0, le=65535)] = DEFAULT_PORT
+    max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: PositiveInt = DEFAULT_MAX_JSON_DEPTH
+    max_elements: PositiveInt = DEFAULT_MAX_ELEMENTS
+    """Most tensor elements one request may carry."""
+    request_timeout_ms: PositiveFloat = DEFAULT_REQUEST_TIMEOUT_MS
+    """Every request ends: a client's own timeout (the protocol's ``timeout`` parameter, in
+    microseconds as Triton reads it) is capped by this, which also applies when it gives none."""
+    drain_timeout_s: PositiveFloat = DEFAULT_DRAIN_TIMEOUT_S
+    """On SIGTERM/SIGINT, how long the requests in flight may take to finish."""
+    admin_token: str | None = None
+    """Bearer token of the admin API; the environment's GATEWAY_ADMIN_TOKEN wins."""
+    data_token: str | None = None
+    """Bearer token of the data plane; GATEWAY_DATA_TOKEN wins; none: the data plane is open."""
+    model_dir: Path | None = None
+    """Model files must lie under it (default: the config file's folder)."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class NodeConfig:
+    """[node]: the devices of this node."""
+
+    cpu_cores: PositiveFloat = field(default_factory=_host_cores)
+    """Cores the executors share (default: this host's CPU count)."""
+    gpus: Annotated[tuple[Annotated[int, Field(ge=0)], ...], AfterValidator(_distinct)] = ()
+    """GPU device ids, such as [0, 1]."""
+    executor_backend: ExecutorBackend = "process"
+    """process: OS processes; docker: one container each."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class GpuTable:
+    """[gpu]: GPU executors and their scheduler (ROMA Algorithm 1, Symphony Section 4.3)."""
+
+    executor: GpuExecutor = "cuda"
+    """cuda (ONNX Runtime's CUDA provider) or emulated (each batch held for the profile's l(b))."""
+    policy: GpuPolicy = "deferral"
+    queue_weight: Share = 0.5
+    """ROMA's beta: weight of the queue's estimate against the measured response time."""
+    profile: Path | None = None
+    """CSV (model, alpha_ms, beta_ms): the emulated GPU's l(b); relative to the config file."""
+    cpu_sharing: Literal["spill", "greedy"] = "spill"
+    """How CPU executors share a queue with the GPUs: spill takes only what the GPUs' projected
+    capacity cannot finish in time; greedy takes anything (work-conserving, for comparison)."""
+    emulated_outputs: Literal["computed", "zeros"] = "computed"
+    """What an emulated GPU answers: computed (real outputs, computed on the CPU while the batch
+    is held for l(b)) or zeros (no computation: for benchmarks of scheduling only)."""
+
+
+@dataclass(frozen=True)
+class GpuConfig(GpuTable):
+    """[gpu] as the gateway runs it: with the emulated GPU's profile read."""
+
+    profiles: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """model -> (per-item ms, fixed ms), from ``profile``."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class DockerConfig:
+    """[docker]: the Docker executor backend (executors/container.py)."""
+
+    image: str = "sla-gateway-executor:host"
+    host_runtime: bool = True
+    """Run the host's Python, packages and checkout, bind-mounted read-only into a minimal root
+    made with ``docker import``; false for a self-contained image from executors/Dockerfile."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class PolicyConfig:
+    """[policy]: the CPU scheduler."""
+
+    cpu_scheduler: Literal["round_robin"] = "round_robin"
+    seed: int | None = None
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class ControlConfig:
+    """[control]: the CPU control plane (ROMA Sections 3-5): which controller, how often, how arbitrated."""
+
+    policy: ControlPolicy = "fixed"
+    """fixed (cores as configured), pi (ROMA's CT), rules, max, min."""
+    period_s: PositiveFloat = 1.0
+    """ROMA's control period."""
+    setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """ROMA's alpha: the set point is alpha x SLA."""
+    spare_share: Share = 0.0
+    """ROMA's gamma: share of the spare cores handed out."""
+    reserved_cores: Annotated[float, Field(ge=0)] = 0.0
+    """ROMA's GC: cores kept to feed the GPUs; under node.cpu_cores."""
+    actuator: Actuator = "auto"
+    cfs_period_us: Annotated[int, Field(ge=1000, le=1_000_000)] = 10_000
+    """The CFS period of cgroup quotas, in the kernel's range."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class PlantConfig:
+    """[models.NAME.plant]: ROMA equations (8)-(12), the model's PI controller (controllers/pi.py)."""
+
+    gain: PositiveFloat = DEFAULT_GAIN
+    """k: change of the normalized speed alpha SLA / RT per core (positive: more cores raise the speed)."""
+    zero: float = DEFAULT_ZERO
+    """b: the plant's zero."""
+    pole: float = DEFAULT_POLE
+    """q: where the closed loop's double pole goes."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class CpuTable:
+    """[models.NAME.cpu]: the model's CPU executor."""
+
+    cores: PositiveFloat | None = None
+    """At start, and for ever under the fixed policy (default: node.cpu_cores shared evenly)."""
+    threads: PositiveInt | None = None
+    """Intra-op threads (default: enough for max(cores, max_cores))."""
+    min_cores: PositiveFloat = DEFAULT_MIN_CORES
+    max_cores: PositiveFloat | None = None
+    """Default: node.cpu_cores."""
+    memory_mb: PositiveFloat | None = None
+    """The executor's memory limit; over it, it is killed and replaced."""
+
+
+@dataclass(frozen=True)
+class CpuExecutorConfig:
+    """[models.NAME.cpu] as the gateway runs it: every default worked out."""
+
+    cores: float  # at start, and for ever under the "fixed" policy
+    threads: int
+    min_cores: float
+    max_cores: float
+    memory_mb: float | None = None  # the executor's memory limit; over it, it is killed and replaced
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class ModelTable:
+    """[models.NAME]: one ONNX model and its SLA."""
+
+    path: Path
+    """The ONNX file, relative to the config file; under server.model_dir."""
+    sla_ms: PositiveFloat
+    """Response-time SLA."""
+    max_batch_size: PositiveInt = DEFAULT_MAX_BATCH_SIZE
+    cpu: CpuTable = field(default_factory=CpuTable)
+    plant: PlantConfig = field(default_factory=PlantConfig)
+    drop_late: bool = False
+    """Clockwork's admission control: refuse what cannot meet its deadline (else serve it late)."""
+    gpu_profile: str | None = None
+    """The row of gpu.profile that an emulated GPU uses for this model (default: its name)."""
+    max_queue_size: PositiveInt = DEFAULT_MAX_QUEUE_SIZE
+    """Triton's queue policy: requests beyond this many waiting are refused at once (429)."""
+    hang_timeout_ms: PositiveFloat | None = None
+    """A batch with no reply within this long means a hung executor: it is killed and replaced
+    (default: 10 SLAs, at least 2 s)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """[models.NAME] as the gateway runs it: named, its path resolved, its cores worked out."""
+
+    name: str
+    path: Path
+    sla_ms: float
+    max_batch_size: int
+    cpu: CpuExecutorConfig
+    plant: PlantConfig
+    drop_late: bool = False
+    gpu_profile: str | None = None
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    hang_timeout_ms: float | None = None
+
+    @property
+    def hang_timeout_s(self) -> float:
+        return (self.hang_timeout_ms or max(MIN_HANG_TIMEOUT_MS, HANG_TIMEOUT_SLAS * self.sla_ms)) / 1000
+
+
+@with_config(TABLE)
+@dataclass(frozen=True, kw_only=True)
+class ConfigFile:
+    """A ``gateway serve`` config file (TOML). Its problems are reported in this order."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
+    gpu: GpuTable = field(default_factory=GpuTable)
+    docker: DockerConfig = field(default_factory=DockerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    models: Annotated[dict[ModelName, ModelTable], Field(min_length=1)]
+    """At least one model, as a [models.NAME] table; NAME holds letters, digits, '_', '-' and '.'."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """A config file as the gateway runs it (``loading.load_config``)."""
+
+    source: Path
+    server: ServerConfig
+    node: NodeConfig
+    policy: PolicyConfig
+    control: ControlConfig = field(default_factory=ControlConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    docker: DockerConfig = field(default_factory=DockerConfig)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+
+
+def default_threads(cores: float, max_cores: float) -> int:
+    """One intra-op thread per core the executor may ever get."""
+    return max(1, math.ceil(max(cores, max_cores)))

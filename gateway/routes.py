@@ -1,0 +1,144 @@
+"""Every route of the gateway's HTTP API, declared once, as data.
+
+``gateway.server.build_app`` adds each to the aiohttp app (``handler`` names a method of its
+``Handlers``); ``gateway.openapi.openapi_document`` builds the document's paths from the same
+entries. A route is served and documented or neither (Starlette's routing.py declares routes
+the same way). Which bearer token guards a path is one rule too, ``plane``, read by the
+server's guard and by the document's ``security``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Plane = Literal["admin", "data"]
+
+
+def plane(path: str) -> Plane | None:
+    """The token a path needs: the admin API the admin token, the data plane the data token.
+
+    Health, /metrics and /openapi.json stay open: probes and scrapers must reach them.
+    """
+    if path.startswith("/admin"):
+        return "admin"
+    if path.startswith("/v2") and not path.startswith("/v2/health"):
+        return "data"
+    return None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answer of a route, as the document shows it."""
+
+    schema: str | dict[str, Any]  # a component of the document (gateway/openapi.py), or a schema
+    says: str
+    media_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # aiohttp's template: {name} is a path parameter
+    handler: str  # the method of gateway.server.Handlers that answers it
+    summary: str
+    ok: Reply  # the 200 answer
+    # Statuses answered with an Error body; a guarded route (plane) can also answer 401.
+    errors: tuple[int, ...] = ()
+    others: Mapping[int, Reply] = field(default_factory=dict)  # answers that are not an Error
+    body: str | None = None  # the component of the JSON request body
+    binary_body: bool = False  # the body may also be the binary tensor extension's
+    headers: tuple[dict[str, Any], ...] = ()  # request headers, as OpenAPI parameters
+
+    @property
+    def plane(self) -> Plane | None:
+        return plane(self.path)
+
+
+MODEL_STATE = Reply("ModelState", "the model")
+MODEL_VERSION_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+INFERENCE_HEADER = {
+    "name": "Inference-Header-Content-Length",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1},
+    "description": "binary tensor extension: length of the JSON header before the binary data",
+}
+
+
+def _model_routes(prefix: str) -> tuple[Route, ...]:
+    """The KServe v2 model routes, served under a model's path with or without its version."""
+    return (
+        Route("GET", prefix, "model_metadata", "Model metadata", Reply("ModelMetadata", "inputs and outputs"), (404,)),
+        Route("GET", prefix + "/ready", "model_ready", "Model readiness", Reply("Ready", "ready"), (404, 503)),
+        Route(
+            "GET",
+            prefix + "/config",
+            "model_config",
+            "Triton model configuration (read by perf_analyzer)",
+            Reply({"type": "object"}, "the configuration"),
+            (404,),
+        ),
+        Route(
+            "POST",
+            prefix + "/infer",
+            "infer",
+            "Inference",
+            Reply("InferResponse", "the outputs"),
+            (400, 404, 413, 429, 503, 504),
+            body="InferRequest",
+            binary_body=True,
+            headers=(INFERENCE_HEADER,),
+        ),
+    )
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/openapi.json", "openapi", "This document", Reply({"type": "object"}, "OpenAPI 3.0")),
+    # -- KServe v2 / Open Inference Protocol ---------------------------------------------------
+    Route("GET", "/v2", "server_metadata", "Server metadata", Reply("ServerMetadata", "name, version, extensions")),
+    Route("GET", "/v2/health/live", "live", "Liveness", Reply("Live", "live")),
+    Route(
+        "GET",
+        "/v2/health/ready",
+        "ready",
+        "Readiness (false while starting or draining)",
+        Reply("Ready", "ready"),
+        others={503: Reply("Ready", "not ready")},
+    ),
+    *(route for prefix in MODEL_VERSION_PREFIXES for route in _model_routes(prefix)),
+    # -- the gateway's own ----------------------------------------------------------------------
+    Route("GET", "/metrics", "metrics", "Prometheus metrics", Reply({"type": "string"}, "text exposition", "text/plain")),
+    Route("GET", "/admin/models", "admin_models", "Every model's state", Reply({"type": "object"}, "models")),
+    Route(
+        "GET", "/admin/models/{model}", "admin_model", "A model's SLA, executors, profiles and statistics", MODEL_STATE, (404,)
+    ),
+    Route(
+        "GET",
+        "/admin/models/{model}/history",
+        "admin_history",
+        "One entry per control period",
+        Reply({"type": "object"}, "the history"),
+        (404,),
+    ),
+    Route(
+        "PUT",
+        "/admin/models/{model}/sla",
+        "admin_set_sla",
+        "Change the model's SLA at run time",
+        MODEL_STATE,
+        (400, 404),
+        body="SetSla",
+    ),
+    Route(
+        "PUT",
+        "/admin/models/{model}/cores",
+        "admin_pin_cores",
+        "Pin the model's cores, or hand them back to the controller with null",
+        MODEL_STATE,
+        (400, 404),
+        body="PinCores",
+    ),
+    Route("GET", "/admin/node", "admin_node", "The node's cores and control settings", Reply({"type": "object"}, "the node")),
+)

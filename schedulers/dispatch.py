@@ -1,0 +1,458 @@
+"""The dispatch core: every per-request decision of the data path, fed events, returning actions.
+
+It owns the per-model queues (ROMA Section 2.1), admission (a bounded queue, Clockwork's
+refusal of what cannot meet its deadline, Section 5.2), per-request timeouts, the choice between
+CPU and GPU executors, batch formation, and the calls into the GPU scheduler (ROMA Algorithm 1
+with Symphony's deferral, schedulers/gpu.py) and the CPU scheduler (ROMA's random round-robin,
+schedulers/round_robin.py). Like h11 and Clockwork's controller (../shared/STYLE.md) it does no
+I/O and reads no clock: each event carries ``now``, and the answer is a list of actions.
+
+Events: a request arrives (``on_arrival``), an executor comes up or goes down
+(``set_executor_ready``), a batch ends (``on_batch_done``, ``on_batch_failed``), a timer fires
+(``on_timer``). Actions: ``Start`` a batch on an executor, ``Finish`` the requests of a batch
+that are still waiting for its result, ``Fail`` requests with a status and a reason, ``WakeAt``
+a time (a deferred batch falls due, or a request times out).
+
+``gateway serve`` (gateway/engine.py) carries the actions out with asyncio, futures and
+executor processes; ``gateway simulate`` (gateway/tools/simulate.py) with a virtual clock and
+executors that take their profile's l(b). Both run this very code.
+
+Which device serves what (the "spill" rule of ../shared/DESIGN.md): where GPUs serve a model,
+a CPU executor takes from its queue only the requests that the GPUs' projected capacity cannot
+finish in time, so that it never starves a batch the GPU defers on purpose. A request is refused
+only when no device, GPU or CPU, can finish it by its deadline, and only for models that ask for
+it (``drop_late``); the others are served late and counted as violations.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from schedulers.admission import admissible
+from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
+from schedulers.profiles import LatencyProfile
+from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
+from schedulers.round_robin import RandomRoundRobin
+
+CPU, GPU = "cpu", "gpu"
+# Float seconds: a timer set for t must find what is due at t.
+EPSILON_S = 1e-9
+
+
+# -- what the core hands out --------------------------------------------------------------------
+@dataclass(eq=False)
+class Batch:
+    id: int
+    model: str
+    executor: str
+    device: str  # "cpu" or "gpu"
+    requests: tuple[Request, ...]
+    rows: int
+    started: float
+    expected_end: float  # started + the profile's l(rows)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run ``batch`` on its executor; report back with ``on_batch_done`` or ``on_batch_failed``."""
+
+    batch: Batch
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The batch ended: answer ``requests`` (those of the batch not ended meanwhile) with its outputs."""
+
+    batch: Batch
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True)
+class Fail:
+    """End ``requests`` with an error: HTTP ``status``, the accounting's ``outcome``, a message for the client."""
+
+    requests: tuple[Request, ...]
+    status: int
+    outcome: str
+    message: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class WakeAt:
+    """Call ``on_timer`` at ``time`` (an earlier wake-up asked for before still stands)."""
+
+    time: float
+
+
+Action = Start | Finish | Fail | WakeAt
+
+
+# -- what the core keeps ------------------------------------------------------------------------
+@dataclass
+class ModelState:
+    name: str
+    sla_ms: float
+    max_batch: int  # 1 for a model without a batch dimension
+    max_queue_size: int
+    drop_late: bool
+    cpu_profile: LatencyProfile | None = None
+    gpu_profile: LatencyProfile | None = None
+    queue: RequestQueue = field(default_factory=RequestQueue)
+    cpu_executors: list[ExecutorState] = field(default_factory=list)
+
+
+@dataclass
+class ExecutorState:
+    id: str
+    device: str
+    model: str | None  # a CPU executor holds one model; a GPU executor holds them all
+    ready: bool = False
+    batch: Batch | None = None
+
+    def free_at(self, now: float) -> float:
+        return now if self.batch is None else max(now, self.batch.expected_end)
+
+
+class DispatchCore:
+    def __init__(
+        self,
+        *,
+        cpu_scheduler: RandomRoundRobin,
+        gpu_scheduler: GpuScheduler | None = None,
+        request_timeout_s: float = 60.0,
+        cpu_sharing: str = "spill",
+    ):
+        self.cpu_scheduler, self.gpu_scheduler = cpu_scheduler, gpu_scheduler
+        self.request_timeout_s = request_timeout_s
+        self.cpu_sharing = cpu_sharing
+        self.models: dict[str, ModelState] = {}
+        self.executors: dict[str, ExecutorState] = {}
+        self._gpus: list[ExecutorState] = []
+        self._timeouts: list[tuple[float, int, Request]] = []
+        self._deferral_at = math.inf  # the GPU scheduler's WaitUntil
+        self._wake_asked = math.inf  # the earliest WakeAt handed out and not yet fired
+        self._batch_ids = itertools.count(1)
+
+    # -- set-up -------------------------------------------------------------------------------
+    def add_model(
+        self,
+        name: str,
+        *,
+        sla_ms: float,
+        max_batch: int,
+        max_queue_size: int,
+        drop_late: bool = False,
+        cpu_profile: LatencyProfile | None = None,
+        gpu_profile: LatencyProfile | None = None,
+    ) -> None:
+        state = ModelState(name, sla_ms, max_batch, max_queue_size, drop_late, cpu_profile, gpu_profile)
+        state.cpu_executors = [e for e in self.executors.values() if e.model == name]
+        self.models[name] = state
+        if self.gpu_scheduler is not None and gpu_profile is not None:
+            self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late)
+
+    def add_executor(self, executor_id: str, device: str, model: str | None = None) -> None:
+        """A CPU executor of ``model``, or (``device`` "gpu", no model) a GPU executor of every model."""
+        executor = ExecutorState(executor_id, device, model)
+        self.executors[executor_id] = executor
+        if device == GPU:
+            self._gpus.append(executor)
+        elif model in self.models:
+            self.models[model].cpu_executors.append(executor)
+
+    def set_sla(self, model: str, sla_ms: float) -> None:
+        """Requests that arrive from now on get the new SLA; those queued keep their deadline."""
+        self.models[model].sla_ms = sla_ms
+        if self.gpu_scheduler is not None and model in self.gpu_scheduler.models:
+            self.gpu_scheduler.models[model].sla_ms = sla_ms
+
+    # -- events -------------------------------------------------------------------------------
+    def on_arrival(self, request: Request, now: float) -> list[Action]:
+        """Admit ``request`` (its arrival, rows, batch key, own timeout and payload set) or refuse it."""
+        state = self.models[request.model]
+        request.deadline = request.arrival + state.sla_ms / 1000
+        if len(state.queue) >= state.max_queue_size:
+            request.state = ENDED
+            retry_after = self.retry_after_s(request.model)
+            message = (
+                f"model '{state.name}' has {len(state.queue)} requests waiting, its limit (max_queue_size); "
+                f"refused before any work was done, retry in {retry_after} s"
+            )
+            return [Fail((request,), 429, "queue_full", message, (("Retry-After", str(retry_after)),))]
+        if state.drop_late:
+            profiles = self._device_profiles(state)
+            if profiles and not admissible(request, now, profiles):
+                request.state = ENDED
+                fastest = min(p.latency_ms(request.rows) for p in profiles)
+                message = (
+                    f"model '{state.name}' cannot answer within its SLA of {state.sla_ms:g} ms: the fastest device "
+                    f"needs {fastest:.1f} ms for this request; refused before any work was done"
+                )
+                return [Fail((request,), 503, "refused_deadline", message)]
+        timeout_s = self.request_timeout_s
+        if request.timeout_s:  # Triton reads 0 as no timeout of the client's own
+            timeout_s = min(timeout_s, request.timeout_s)
+        request.timeout_at = request.arrival + timeout_s
+        request.state = QUEUED
+        heapq.heappush(self._timeouts, (request.timeout_at, request.id, request))
+        state.queue.append(request)
+        if self.gpu_scheduler is not None and state.name in self.gpu_scheduler.models:
+            self.gpu_scheduler.on_arrival(state.name, now)
+        return self._pump(now)
+
+    def set_executor_ready(self, executor_id: str, ready: bool, now: float) -> list[Action]:
+        self.executors[executor_id].ready = ready
+        return self._pump(now)
+
+    def on_batch_done(self, batch: Batch, compute_ms: float, now: float) -> list[Action]:
+        """``batch`` ran in ``compute_ms`` on its executor: its live requests are answered, the profile learns."""
+        self._release(batch)
+        state = self.models[batch.model]
+        gpu_model = self.gpu_scheduler is not None and batch.model in self.gpu_scheduler.models
+        if batch.device == GPU and gpu_model:
+            self.gpu_scheduler.on_batch_done(batch.model, batch.rows, compute_ms)
+        elif batch.device == CPU and state.cpu_profile is not None:
+            state.cpu_profile.observe(batch.rows, compute_ms)
+        live = self._end(batch.requests)
+        if gpu_model:
+            for request in live:
+                self.gpu_scheduler.on_completed(batch.model, (now - request.arrival) * 1000)
+        return [Finish(batch, live), *self._pump(now)]
+
+    def on_batch_failed(self, batch: Batch, now: float, status: int, outcome: str, message: str) -> list[Action]:
+        self._release(batch)
+        live = self._end(batch.requests)
+        return ([Fail(live, status, outcome, message)] if live else []) + self._pump(now)
+
+    def on_timer(self, now: float) -> list[Action]:
+        """Time passed: end the requests past their timeout, and decide again (deferred batches)."""
+        self._wake_asked = math.inf
+        actions: list[Action] = []
+        while self._timeouts and self._timeouts[0][0] <= now + EPSILON_S:
+            _, _, request = heapq.heappop(self._timeouts)
+            if request.state == ENDED:
+                continue
+            if request.state == QUEUED:
+                self.models[request.model].queue.remove(request)
+                where = "waiting in the queue; it was not run"
+            else:
+                where = "while its batch ran; the result is discarded"
+            request.state = ENDED
+            waited_ms = (request.timeout_at - request.arrival) * 1000
+            actions.append(Fail((request,), 504, "timeout", f"timed out after {waited_ms:g} ms {where}"))
+        return actions + self._pump(now)
+
+    def shutdown(self) -> list[Action]:
+        """End every queued request (the gateway is going away); running batches end with their executors."""
+        queued = []
+        for state in self.models.values():
+            while state.queue:
+                queued.append(state.queue.popleft())
+        self._end(queued)
+        return [Fail(tuple(queued), 503, "shutdown", "the gateway is shutting down")] if queued else []
+
+    # -- what the shell and the control loop read ------------------------------------------------
+    def queue_length(self, model: str) -> int:
+        return len(self.models[model].queue)
+
+    def cpu_backlog(self, model: str, now: float) -> tuple[int, float | None]:
+        """Requests waiting in the model's queue or running on its CPU executors, and the age (ms)
+        of the oldest: the work a CPU controller cannot see completing."""
+        state = self.models[model]
+        running = [r for e in state.cpu_executors if e.batch is not None for r in e.batch.requests if r.state == RUNNING]
+        arrivals = [r.arrival for r in running]
+        if state.queue:
+            arrivals.append(state.queue[0].arrival)
+        count = len(state.queue) + len(running)
+        return count, ((now - min(arrivals)) * 1000 if arrivals else None)
+
+    def retry_after_s(self, model: str) -> int:
+        """Whole seconds until the queue has drained at the model's measured speed (at least 1)."""
+        state = self.models[model]
+        profile = state.cpu_profile or state.gpu_profile
+        servers = max(1, sum(e.ready for e in state.cpu_executors))
+        drain_ms = profile.latency_ms(1) * state.queue.rows / servers if profile is not None else 1000.0
+        return max(1, math.ceil(drain_ms / 1000))
+
+    # -- deciding -------------------------------------------------------------------------------
+    def _pump(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        self._refuse_unreachable(now, actions)
+        if self.gpu_scheduler is not None:
+            self._pump_gpus(now, actions)
+        self._pump_cpus(now, actions)
+        wake = min(self._deferral_at, self._next_timeout())
+        if wake < self._wake_asked:
+            self._wake_asked = wake
+            actions.append(WakeAt(wake))
+        return actions
+
+    def _next_timeout(self) -> float:
+        while self._timeouts and self._timeouts[0][2].state == ENDED:
+            heapq.heappop(self._timeouts)
+        return self._timeouts[0][0] if self._timeouts else math.inf
+
+    def _device_profiles(self, state: ModelState) -> list[LatencyProfile]:
+        """The profiles of the devices that serve the model at all."""
+        profiles = []
+        if state.cpu_profile is not None and state.cpu_executors:
+            profiles.append(state.cpu_profile)
+        if state.gpu_profile is not None and self._gpus:
+            profiles.append(state.gpu_profile)
+        return profiles
+
+    def _gpu_start(self, now: float) -> float | None:
+        """When the earliest ready GPU executor can start a batch (None: no GPU is ready)."""
+        return min((g.free_at(now) for g in self._gpus if g.ready), default=None)
+
+    def _refuse_unreachable(self, now: float, actions: list[Action]) -> None:
+        """Refuse the head requests of ``drop_late`` models that no ready device can finish in time.
+
+        A device can finish a request when it could start it at the earliest (now, or when its
+        batch in flight ends) and end it by the deadline, on its profile. Requests the GPU
+        cannot finish but a CPU executor can are left queued: the CPU takes them (spill). With
+        no device ready at all, requests wait for one (or for their timeout).
+        """
+        gpu_start = self._gpu_start(now) if self.gpu_scheduler is not None else None
+        for state in self.models.values():
+            if not state.drop_late or not state.queue:
+                continue
+            cpu_start = min((e.free_at(now) for e in state.cpu_executors if e.ready), default=None)
+            gpu_on = gpu_start if state.gpu_profile is not None else None
+            if cpu_start is None and gpu_on is None:
+                continue
+            refused = []
+            while state.queue:
+                request = state.queue[0]
+                on_gpu = gpu_on is not None and gpu_on + state.gpu_profile.latency_ms(request.rows) / 1000 <= request.deadline
+                on_cpu = (
+                    cpu_start is not None
+                    and state.cpu_profile is not None
+                    and cpu_start + state.cpu_profile.latency_ms(request.rows) / 1000 <= request.deadline
+                )
+                if on_gpu or on_cpu:
+                    break
+                refused.append(state.queue.popleft())
+            if refused:
+                self._end(refused)
+                if self.gpu_scheduler is not None and state.name in self.gpu_scheduler.models:
+                    self.gpu_scheduler.on_refused(state.name, refused, now)
+                message = (
+                    f"model '{state.name}' could not serve this request within its SLA of {state.sla_ms:g} ms "
+                    "(no device could finish it in time); refused before it ran"
+                )
+                actions.append(Fail(tuple(refused), 503, "refused_deadline", message))
+
+    def _pump_gpus(self, now: float, actions: list[Action]) -> None:
+        assert self.gpu_scheduler is not None
+        self._deferral_at = math.inf
+        free = [g for g in self._gpus if g.ready and g.batch is None]
+        if not free:
+            return  # a batch end will ask again
+        queues = {name: s.queue for name, s in self.models.items() if s.queue and name in self.gpu_scheduler.models}
+        for gpu in free:
+            if not queues:
+                return
+            decision = self.gpu_scheduler.decide(now, gpu.id, now, queues)
+            if decision is None:
+                return
+            if isinstance(decision, WaitUntil):
+                self._deferral_at = decision.time  # no other free GPU would get another answer
+                return
+            state = self.models[decision.model]
+            self._start(gpu, state, self._take(state, decision), now, actions)
+            if not state.queue:
+                del queues[state.name]
+
+    def _take(self, state: ModelState, decision: Dispatch) -> list[Request]:
+        """Take the dispatched requests out of the queue (those skipped at its head stay in front).
+
+        The batch ends early at a request whose inputs cannot be stacked with the first's (batch
+        key): FIFO order is kept, and the rest waits for the next batch.
+        """
+        queue = state.queue
+        skipped = [queue.popleft() for _ in range(decision.skip)]
+        first_key = decision.requests[0].batch_key
+        batch = []
+        for request in decision.requests:
+            if not queue or queue[0] is not request or request.batch_key != first_key:
+                break
+            batch.append(queue.popleft())
+        for request in reversed(skipped):
+            queue.appendleft(request)
+        return batch
+
+    def _pump_cpus(self, now: float, actions: list[Action]) -> None:
+        waiting: dict[str, int] = {}
+        free: dict[str, list[str]] = {}
+        for name, state in self.models.items():
+            if not state.queue:
+                continue
+            idle = [e.id for e in state.cpu_executors if e.ready and e.batch is None]
+            if idle and (share := self._cpu_share(state, now)):
+                waiting[name], free[name] = share, idle
+        for assign in self.cpu_scheduler.assign(waiting, free):
+            state = self.models[assign.model]
+            share = self._cpu_share(state, now)  # another executor of the model may have taken some
+            if not share:
+                continue
+            limit = min(state.max_batch, sum(r.rows for r in itertools.islice(state.queue, share)))
+            self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
+
+    @staticmethod
+    def _take_head(queue: RequestQueue, max_rows: int) -> list[Request]:
+        """The head of the queue and the requests right behind it that stack with it, up to ``max_rows``."""
+        first = queue.popleft()
+        batch, rows = [first], first.rows
+        while queue and queue[0].batch_key == first.batch_key and rows + queue[0].rows <= max_rows:
+            request = queue.popleft()
+            rows += request.rows
+            batch.append(request)
+        return batch
+
+    def _cpu_share(self, state: ModelState, now: float) -> int:
+        """How many requests at the head of the queue the CPU may take.
+
+        Without GPUs for the model, all of them. With GPUs, as many as the GPUs' projected
+        capacity cannot finish in time (``gpu_can_finish`` over the whole queue), taken from
+        the head: the oldest go to the CPU, and the requests behind them move up to positions
+        the GPUs can finish. A batch the GPU is deferring on purpose is never taken.
+        """
+        gpu_start = self._gpu_start(now) if self.gpu_scheduler is not None else None
+        if state.gpu_profile is None or self.cpu_sharing == "greedy" or gpu_start is None:
+            return len(state.queue)
+        max_batch = state.max_batch
+        return sum(
+            not gpu_can_finish(request, position, now, gpu_start, state.gpu_profile, max_batch)
+            for position, request in enumerate(state.queue)
+        )
+
+    def _start(
+        self, executor: ExecutorState, state: ModelState, requests: list[Request], now: float, actions: list[Action]
+    ) -> None:
+        rows = sum(r.rows for r in requests)
+        profile = state.gpu_profile if executor.device == GPU else state.cpu_profile
+        expected = now + (profile.latency_ms(rows) / 1000 if profile is not None else 0.0)
+        batch = Batch(next(self._batch_ids), state.name, executor.id, executor.device, tuple(requests), rows, now, expected)
+        for request in requests:
+            request.state, request.dispatched = RUNNING, now
+        executor.batch = batch
+        actions.append(Start(batch))
+
+    def _release(self, batch: Batch) -> None:
+        executor = self.executors[batch.executor]
+        if executor.batch is batch:
+            executor.batch = None
+
+    @staticmethod
+    def _end(requests: Iterable[Request]) -> tuple[Request, ...]:
+        """Mark the requests not ended yet as ended; those are returned."""
+        live = tuple(r for r in requests if r.state != ENDED)
+        for request in live:
+            request.state = ENDED
+        return live

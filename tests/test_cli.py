@@ -1,0 +1,41 @@
+"""The `gateway` command: every sub-command is listed, and `gateway serve` imports no client tool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.cli import COMMANDS, main
+from tests.helpers import ROOT
+
+TOOLS = sorted(module for module, _ in COMMANDS.values())
+
+
+def test_serve_imports_no_tool():
+    """The server's import path, and the CLI parsing a serve command, leave every tool unloaded."""
+    probe = (
+        "import sys, gateway.cli, gateway.server\n"
+        "code = gateway.cli.main(['serve', 'no-such-config.toml'])\n"
+        "print(code, sorted(m for m in sys.modules if m.startswith('gateway.tools') or m in sys.argv[1:]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, *TOOLS], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(maxsplit=1) == ["2", "[]\n"]
+    assert "no-such-config.toml: (file): no such file" in done.stderr
+
+
+def test_help_lists_every_sub_command():
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for name in ["serve", *COMMANDS]:
+        assert name in done.stdout
+
+
+@pytest.mark.parametrize("name", ["serve", *COMMANDS])
+def test_each_sub_command_has_its_arguments(name, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([name, "--help"])
+    assert exited.value.code == 0
+    assert "--log-level" in capsys.readouterr().out

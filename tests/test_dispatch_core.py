@@ -1,0 +1,229 @@
+"""The dispatch core in process, on a fake clock, with fake executors: the exact actions it returns."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from schedulers.deficit import estimated_response_ms, sla_batch
+from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.gpu import GpuScheduler
+from schedulers.profiles import LatencyProfile
+from schedulers.request import Request, RequestQueue
+from schedulers.round_robin import RandomRoundRobin
+
+
+def core_with(
+    *,
+    gpus: int = 0,
+    policy: str = "deferral",
+    cpu: bool = True,
+    cpu_profile: tuple[float, float] = (1.0, 4.0),
+    gpu_profile: tuple[float, float] | None = None,
+    sla_ms: float = 100.0,
+    max_batch: int = 8,
+    max_queue_size: int = 100,
+    drop_late: bool = False,
+    timeout_s: float = 60.0,
+    ready: bool = True,
+) -> DispatchCore:
+    core = DispatchCore(
+        cpu_scheduler=RandomRoundRobin(random.Random(1)),
+        gpu_scheduler=GpuScheduler(policy) if gpus else None,
+        request_timeout_s=timeout_s,
+    )
+    if cpu:
+        core.add_executor("cpu-m", CPU, "m")
+    for i in range(gpus):
+        core.add_executor(f"gpu-{i}", GPU)
+    core.add_model(
+        "m",
+        sla_ms=sla_ms,
+        max_batch=max_batch,
+        max_queue_size=max_queue_size,
+        drop_late=drop_late,
+        cpu_profile=LatencyProfile(*cpu_profile) if cpu else None,
+        gpu_profile=LatencyProfile(*gpu_profile) if gpu_profile else None,
+    )
+    for executor in core.executors:
+        core.set_executor_ready(executor, ready, 0.0)
+    return core
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_a_request_runs_at_once_on_a_free_cpu_executor_and_finishes():
+    core = core_with()
+    request = Request(1, "m", 0.0)
+    actions = core.on_arrival(request, 0.0)
+    (start,) = of(actions, Start)
+    assert start.batch.executor == "cpu-m" and start.batch.requests == (request,)
+    assert request.deadline == pytest.approx(0.1)
+    # The only timer is the request's timeout (60 s).
+    assert of(actions, WakeAt) == [WakeAt(60.0)]
+    done = core.on_batch_done(start.batch, 5.0, 0.005)
+    assert done[0] == Finish(start.batch, (request,))
+    assert core.queue_length("m") == 0
+
+
+def test_a_full_queue_refuses_at_once_with_429_and_retry_after():
+    core = core_with(max_queue_size=2, ready=False)
+    for i in (1, 2):
+        assert not of(core.on_arrival(Request(i, "m", 0.0), 0.0), Fail)
+    third = Request(3, "m", 0.0)
+    (fail,) = of(core.on_arrival(third, 0.0), Fail)
+    assert (fail.requests, fail.status, fail.outcome) == ((third,), 429, "queue_full")
+    assert dict(fail.headers)["Retry-After"] == "1"
+    assert "max_queue_size" in fail.message
+    assert core.queue_length("m") == 2
+
+
+def test_a_request_no_device_can_finish_is_refused_at_admission():
+    core = core_with(cpu_profile=(5.0, 40.0), sla_ms=20, drop_late=True)
+    request = Request(1, "m", 0.0)
+    (fail,) = core.on_arrival(request, 0.0)
+    assert (fail.status, fail.outcome) == (503, "refused_deadline")
+    assert "45.0 ms" in fail.message  # the fastest device's l(1)
+
+
+def test_a_queued_request_times_out_and_is_never_run():
+    core = core_with(ready=False)
+    request = Request(1, "m", 0.0, timeout_s=0.05)
+    assert core.on_arrival(request, 0.0) == [WakeAt(0.05)]
+    assert core.on_timer(0.049) == [WakeAt(0.05)]  # a timer that fired early asks again
+    (fail,) = core.on_timer(0.05)
+    assert (fail.requests, fail.status, fail.outcome) == ((request,), 504, "timeout")
+    assert "it was not run" in fail.message
+    assert core.queue_length("m") == 0
+    # The executor comes up: nothing is left to run.
+    assert not of(core.set_executor_ready("cpu-m", True, 0.06), Start)
+
+
+def test_a_running_request_times_out_and_its_result_is_discarded():
+    core = core_with()
+    slow, other = Request(1, "m", 0.0, timeout_s=0.05), Request(2, "m", 0.0)
+    core.set_executor_ready("cpu-m", False, 0.0)
+    core.on_arrival(slow, 0.0)
+    core.on_arrival(other, 0.0)
+    (start,) = of(core.set_executor_ready("cpu-m", True, 0.001), Start)
+    assert start.batch.requests == (slow, other)
+    (fail,) = of(core.on_timer(0.05), Fail)
+    assert (fail.requests, fail.status) == ((slow,), 504) and "result is discarded" in fail.message
+    # The batch ends later: only the request still waiting is answered.
+    assert core.on_batch_done(start.batch, 80.0, 0.081)[0] == Finish(start.batch, (other,))
+
+
+def test_an_executor_that_dies_with_a_batch_in_flight_fails_it_and_the_queue_waits_for_its_return():
+    core = core_with()
+    first = Request(1, "m", 0.0)
+    (start,) = of(core.on_arrival(first, 0.0), Start)
+    second = Request(2, "m", 0.001)
+    assert not of(core.on_arrival(second, 0.001), Start)  # the executor is busy
+    core.set_executor_ready("cpu-m", False, 0.002)
+    actions = core.on_batch_failed(start.batch, 0.002, 503, "executor_failed", "executor cpu-m failed: killed")
+    (fail,) = of(actions, Fail)
+    assert (fail.requests, fail.status, fail.outcome) == ((first,), 503, "executor_failed")
+    assert not of(actions, Start) and core.queue_length("m") == 1
+    (restart,) = of(core.set_executor_ready("cpu-m", True, 0.5), Start)
+    assert restart.batch.requests == (second,)
+
+
+def test_requests_whose_inputs_do_not_stack_go_in_separate_batches():
+    core = core_with(ready=False)
+    a1, b, a2 = (
+        Request(1, "m", 0.0, batch_key=("a",)),
+        Request(2, "m", 0.0, batch_key=("b",)),
+        Request(3, "m", 0.0, batch_key=("a",)),
+    )
+    for request in (a1, b, a2):
+        core.on_arrival(request, 0.0)
+    (start,) = of(core.set_executor_ready("cpu-m", True, 0.0), Start)
+    assert start.batch.requests == (a1,)  # FIFO: a2 does not overtake b
+
+
+def test_a_deferred_gpu_batch_wakes_the_core_at_its_sched_at():
+    # One GPU, no CPU executor; at 1000 requests/s beta x lambda is 10 requests, so a batch of
+    # one waits until sched_at = deadline - l(2).
+    core = core_with(gpus=1, cpu=False, gpu_profile=(1.0, 10.0), sla_ms=50)
+    for i in range(1000):
+        core.gpu_scheduler.on_arrival("m", -0.5 + i * 1e-4)
+    request = Request(1, "m", 0.0)
+    actions = core.on_arrival(request, 0.0)
+    sched_at = 0.05 - 0.012
+    assert not of(actions, Start)
+    assert of(actions, WakeAt) == [WakeAt(pytest.approx(sched_at))]
+    (start,) = of(core.on_timer(sched_at), Start)
+    assert start.batch.device == GPU and start.batch.requests == (request,)
+    assert start.batch.expected_end == pytest.approx(sched_at + 0.011)
+
+
+def test_the_cpu_takes_only_what_the_gpu_cannot_finish_in_time():
+    # The GPU is busy for 30 ms with a batch; a batch of 8 then takes 17 ms. A request with a
+    # 60 ms SLA fits the GPU after that batch, so the CPU leaves it; one of 40 ms does not.
+    core = core_with(gpus=1, policy="work_conserving", gpu_profile=(1.0, 9.0), cpu_profile=(2.0, 3.0), sla_ms=60)
+    core.set_executor_ready("cpu-m", False, 0.0)
+    (busy,) = of(core.on_arrival(Request(1, "m", 0.0), 0.0), Start)
+    assert busy.batch.device == GPU
+    busy.batch.expected_end = 0.030
+    core.set_executor_ready("cpu-m", True, 0.0)
+    assert not of(core.on_arrival(Request(2, "m", 0.001), 0.001), Start)  # left for the GPU
+    core.set_sla("m", 40)
+    (spill,) = of(core.on_arrival(Request(3, "m", 0.002), 0.002), Start)
+    assert spill.batch.device == CPU
+    # The spill takes from the head: the oldest request goes to the CPU.
+    assert [r.id for r in spill.batch.requests] == [2]
+
+
+def test_the_gpu_scheduler_does_not_refuse_what_a_cpu_executor_can_still_finish():
+    # Issue bug 2: the GPU cannot finish these requests (l(1) = 30 ms against a 20 ms SLA), the
+    # CPU can (5 ms each). They must run on the CPU, not be refused as if no device could.
+    core = core_with(gpus=1, policy="deferral", gpu_profile=(1.0, 29.0), cpu_profile=(1.0, 4.0), sla_ms=20, drop_late=True)
+    first, second = Request(1, "m", 0.0), Request(2, "m", 0.001)
+    (start,) = of(core.on_arrival(first, 0.0), Start)
+    assert start.batch.device == CPU
+    # The CPU is busy until 0.005; the second can still finish there (0.010 < 0.021): it waits.
+    actions = core.on_arrival(second, 0.001)
+    assert not of(actions, Fail) and not of(actions, Start) and core.queue_length("m") == 1
+    (then,) = of(core.on_batch_done(start.batch, 5.0, 0.005)[1:], Start)
+    assert then.batch.device == CPU and then.batch.requests == (second,)
+
+
+def test_a_request_no_device_can_finish_any_more_is_refused_with_the_reason():
+    core = core_with(gpus=1, policy="work_conserving", gpu_profile=(1.0, 9.0), cpu_profile=(5.0, 20.0), sla_ms=40, drop_late=True)
+    (on_gpu,) = of(core.on_arrival(Request(1, "m", 0.0), 0.0), Start)
+    on_gpu.batch.expected_end = 0.100  # the GPU is stuck with a long batch
+    (on_cpu,) = of(core.on_arrival(Request(2, "m", 0.001), 0.001), Start)
+    assert on_cpu.batch.device == CPU  # the GPU cannot finish it by 0.041; the CPU can (0.026)
+    # The third: the GPU starts at 0.1, the CPU at 0.026 and needs 25 ms: 0.051 > 0.042.
+    late = Request(3, "m", 0.002)
+    (fail,) = of(core.on_arrival(late, 0.002), Fail)
+    assert (fail.requests, fail.outcome) == ((late,), "refused_deadline")
+    assert "no device could finish it in time" in fail.message
+
+
+def test_the_deficit_estimate_counts_the_batches_the_queue_will_run_in():
+    # Issue bug 4: 64 queued requests with l(1) = 11 ms, l(64) = 74 ms (l(b) = 1 b + 10).
+    profile = LatencyProfile(1.0, 10.0)
+    queue = RequestQueue.of(Request(i, "m", 0.0) for i in range(64))
+    batch = sla_batch(profile, sla_ms=200, max_batch=64)
+    assert batch == 64
+    estimate = estimated_response_ms(len(queue), queue.mean_wait_ms(0.0), profile, batch)
+    assert estimate == pytest.approx(74.0)  # one batch of 64, not 63/2 single-request times ahead
+    # One request at a time (B = 1) it is Algorithm 1's sum of the times ahead, plus its own.
+    waited = RequestQueue.of(Request(i, "m", -t / 1000) for i, t in enumerate((10, 20, 30)))
+    assert estimated_response_ms(3, waited.mean_wait_ms(0.0), LatencyProfile(0.0, 5.0), 1) == pytest.approx(25 + 5)
+
+
+def test_queue_sums_follow_appends_removals_and_pops():
+    queue = RequestQueue()
+    requests = [Request(i, "m", float(i), rows=i) for i in range(1, 5)]
+    for request in requests:
+        queue.append(request)
+    queue.remove(requests[1])
+    assert (len(queue), queue.rows, queue.mean_wait_ms(10.0)) == (3, 8, pytest.approx((10 - 8 / 3) * 1000))
+    queue.popleft()
+    queue.appendleft(requests[0])
+    assert queue.rows == 8 and [r.id for r in queue] == [1, 3, 4]
