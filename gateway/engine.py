@@ -236,6 +236,7 @@ class Engine:
             for executor in runtime.executors:
                 runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
                 self.metrics.cores.labels(runtime.name, executor.id).set(executor.cores)
+                self.metrics.enforced_cores.labels(runtime.name, executor.id).set(executor.enforced_cores)
                 log.info(
                     "model %s: executor %s (%s, pid %s, %.2f cores, %s threads, provider %s), batching %s",
                     runtime.name,
@@ -347,24 +348,26 @@ class Engine:
     def received(self, runtime: ModelRuntime) -> None:
         """Account for an infer request that reached the model; ``record`` ends it."""
         runtime.received += 1
-        self.metrics.received.labels(runtime.name).inc()
-        self.metrics.in_flight.labels(runtime.name).inc()
+        series = self.metrics.for_model(runtime.name)
+        series.received.inc()
+        series.in_flight.inc()
 
     def record(self, runtime: ModelRuntime, outcome: str, arrival: float | None = None, device: str = "cpu") -> None:
         """Account for a request that ended (``arrival`` given: it was served, on ``device``)."""
         runtime.outcomes[outcome] = runtime.outcomes.get(outcome, 0) + 1
-        self.metrics.requests.labels(runtime.name, outcome).inc()
-        self.metrics.in_flight.labels(runtime.name).dec()
+        series = self.metrics.for_model(runtime.name)
+        series.outcome(outcome).inc()
+        series.in_flight.dec()
         if arrival is not None:
             rt_ms = (self.now - arrival) * 1000
             if rt_ms > runtime.sla_ms:
-                self.metrics.violations.labels(runtime.name).inc()
+                series.violations.inc()
             runtime.times.observe(rt_ms, runtime.sla_ms)
             runtime.devices[device] = runtime.devices.get(device, 0) + 1
             # The CPU controllers regulate what their executor serves (ROMA Section 4).
             if device == "cpu":
                 runtime.window.add(rt_ms)
-            self.metrics.request_seconds.labels(runtime.name).observe(rt_ms / 1000)
+            series.request_seconds.observe(rt_ms / 1000)
 
     def set_sla(self, runtime: ModelRuntime, sla_ms: float) -> None:
         runtime.sla_ms = sla_ms
@@ -381,6 +384,7 @@ class Engine:
             # Core-seconds count what is enforced (the CFS floor, affinity's whole CPUs), not the grant.
             runtime.core_meters[executor.id].set(executor.enforced_cores, now)
             self.metrics.cores.labels(runtime.name, executor.id).set(cores)
+            self.metrics.enforced_cores.labels(runtime.name, executor.id).set(executor.enforced_cores)
 
     def core_seconds(self, runtime: ModelRuntime) -> float:
         now = self.now
@@ -438,7 +442,7 @@ class Engine:
             elif isinstance(action, WakeAt):
                 self._wake_at(action.time)
         for name in self.core.models:
-            self.metrics.queue_length.labels(name).set(self.core.queue_length(name))
+            self.metrics.for_model(name).queue_length.set(self.core.queue_length(name))
 
     def _wake_at(self, when: float) -> None:
         if when >= self._timer_at or when == float("inf"):
@@ -484,13 +488,14 @@ class Engine:
     def _finish(self, action: Finish) -> None:
         batch = action.batch
         parts, compute_ms = self._outputs.pop(batch.id)
-        self.metrics.batch_size.labels(batch.model).observe(batch.rows)
-        self.metrics.compute_seconds.labels(batch.model).observe(compute_ms / 1000)
+        series = self.metrics.for_model(batch.model)
+        series.batch_size.observe(batch.rows)
+        series.compute_seconds.observe(compute_ms / 1000)
         device = self.executors[batch.executor].device
         live = {r.id for r in action.requests}
         for request, part in zip(batch.requests, parts, strict=True):
             queue_ms = (batch.started - request.arrival) * 1000
-            self.metrics.queue_seconds.labels(batch.model).observe(queue_ms / 1000)
+            series.queue_seconds.observe(queue_ms / 1000)
             if request.id in live:
                 self._settle(request.id, Result(part, device, batch.rows, queue_ms, compute_ms))
 

@@ -318,10 +318,13 @@ class DispatchCore:
         cannot finish but a CPU executor can are left queued: the CPU takes them (spill). With
         no device ready at all, requests wait for one (or for their timeout).
         """
-        gpu_start = self._gpu_start(now) if self.gpu_scheduler is not None else None
+        gpu_start: float | None = None
+        gpu_known = self.gpu_scheduler is None
         for state in self.models.values():
             if not state.drop_late or not state.queue:
                 continue
+            if not gpu_known:
+                gpu_start, gpu_known = self._gpu_start(now), True
             cpu_start = min((e.free_at(now) for e in state.cpu_executors if e.ready), default=None)
             gpu_on = gpu_start if state.gpu_profile is not None else None
             if cpu_start is None and gpu_on is None:
@@ -396,6 +399,8 @@ class DispatchCore:
             idle = [e.id for e in state.cpu_executors if e.ready and e.batch is None]
             if idle and (share := self._cpu_share(state, now)):
                 waiting[name], free[name] = share, idle
+        if not waiting:
+            return
         for assign in self.cpu_scheduler.assign(waiting, free):
             state = self.models[assign.model]
             share = self._cpu_share(state, now)  # another executor of the model may have taken some

@@ -227,3 +227,19 @@ def test_queue_sums_follow_appends_removals_and_pops():
     queue.popleft()
     queue.appendleft(requests[0])
     assert queue.rows == 8 and [r.id for r in queue] == [1, 3, 4]
+
+
+def test_the_core_imports_no_io_library():
+    # DESIGN.md principle 1: the decisions import no asyncio, aiohttp, onnxruntime or docker,
+    # so that serve and simulate can drive the very same objects.
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    probe = (
+        "import sys; import schedulers.dispatch, gateway.tools.simulate; "
+        "print(' '.join(m for m in ('asyncio', 'aiohttp', 'onnxruntime', 'docker') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == ""

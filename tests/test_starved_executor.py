@@ -1,0 +1,68 @@
+"""A starved executor is not idle (issue bug 3): the PI controller raises it within two periods.
+
+The PP-OCR text detector at its 0.1-core floor, four clients each sending a 640x640 image: at
+0.1 core no request completes for seconds. Before, a period with no completion read as idle
+(error -1) and the demand stayed at the floor while the first answers took 5 s against a 1 s SLA.
+The control loop now sees the work it cannot see completing: the requests queued for or running
+on the executor, and the age of the oldest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+
+import numpy as np
+import requests
+import tritonclient.http as triton
+
+from tests.helpers import run_gateway
+
+FLOOR = 0.1
+
+
+def test_a_starved_executor_gets_more_cores_within_two_periods(tmp_path, example_models):
+    shutil.copy(example_models / "ppocr_det.onnx", tmp_path / "ppocr_det.onnx")
+    (tmp_path / "config.toml").write_text(
+        f"""
+[server]
+drain_timeout_s = 1
+[node]
+cpu_cores = 2.0
+[control]
+policy = "pi"
+[models.ppocr_det]
+path = "ppocr_det.onnx"
+sla_ms = 1000
+max_batch_size = 4
+cpu = {{ cores = {FLOOR}, min_cores = {FLOOR}, max_cores = 2.0, threads = 1 }}
+"""
+    )
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        history_url = f"{gateway.base}/admin/models/ppocr_det/history"
+        time.sleep(1.5)  # a period or two at rest: the demand sits at the floor
+        before = requests.get(history_url, timeout=10).json()["history"]
+        assert before and before[-1]["cores"] == FLOOR
+
+        def client() -> None:
+            image = np.random.default_rng(0).random((1, 3, 640, 640), dtype=np.float32)
+            tensor = triton.InferInput("x", list(image.shape), "FP32")
+            tensor.set_data_from_numpy(image)
+            # Cut short when the gateway stops: only the control loop is under test.
+            with contextlib.suppress(Exception):
+                triton.InferenceServerClient(gateway.url, network_timeout=60).infer("ppocr_det", [tensor])
+
+        clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+        for thread in clients:
+            thread.start()
+        time.sleep(2.6)  # two control periods and a little more
+        after = requests.get(history_url, timeout=10).json()["history"][len(before) :]
+    burst = [h for h in after if h["requests"] == 0]
+    print([(h["demanded_cores"], h["cores"]) for h in after])
+    assert len(after) >= 2
+    # No request completed meanwhile, yet the controller asked for more at once and kept asking.
+    assert burst[:2] == after[:2]
+    assert after[0]["demanded_cores"] > FLOOR
+    assert after[1]["cores"] >= 2 * FLOOR
