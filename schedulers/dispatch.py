@@ -261,15 +261,18 @@ class DispatchCore:
         return len(self.models[model].queue)
 
     def cpu_backlog(self, model: str, now: float) -> tuple[int, float | None]:
-        """Requests waiting in the model's queue or running on its CPU executors, and the age (ms)
-        of the oldest: the work a CPU controller cannot see completing."""
+        """The work a CPU controller cannot see completing: the requests running on the model's
+        CPU executors and those queued for them (with GPUs, only the head the GPUs cannot finish
+        in time: the spill), and the age in ms of the oldest."""
         state = self.models[model]
+        if not state.cpu_executors:
+            return 0, None
         running = [r for e in state.cpu_executors if e.batch is not None for r in e.batch.requests if r.state == RUNNING]
         arrivals = [r.arrival for r in running]
-        if state.queue:
+        share = self._cpu_share(state, now) if state.queue else 0
+        if share:
             arrivals.append(state.queue[0].arrival)
-        count = len(state.queue) + len(running)
-        return count, ((now - min(arrivals)) * 1000 if arrivals else None)
+        return share + len(running), ((now - min(arrivals)) * 1000 if arrivals else None)
 
     def retry_after_s(self, model: str) -> int:
         """Whole seconds until the queue has drained at the model's measured speed (at least 1)."""

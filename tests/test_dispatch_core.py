@@ -243,3 +243,20 @@ def test_the_core_imports_no_io_library():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == ""
+
+
+def test_the_cpu_backlog_counts_what_waits_for_the_cpu_and_its_age():
+    # What the CPU controller reads when nothing completes (issue bug 3): queued and running work.
+    core = core_with()
+    first, second = Request(1, "m", 0.0), Request(2, "m", 0.010)
+    core.on_arrival(first, 0.0)  # runs at once
+    core.on_arrival(second, 0.010)  # waits behind it
+    assert core.cpu_backlog("m", 0.5) == (2, pytest.approx(500.0))
+    # With a GPU that can finish the queued request in time, only the running one is CPU work.
+    gpu = core_with(gpus=1, policy="work_conserving", gpu_profile=(1.0, 9.0), sla_ms=15)
+    (on_gpu,) = of(gpu.on_arrival(Request(1, "m", 0.0), 0.0), Start)
+    (on_cpu,) = of(gpu.on_arrival(Request(2, "m", 0.0), 0.0), Start)
+    assert (on_gpu.batch.device, on_cpu.batch.device) == (GPU, CPU)  # the GPU frees at 0.010: too late
+    gpu.set_sla("m", 200)
+    gpu.on_arrival(Request(3, "m", 0.001), 0.001)  # the GPU finishes this one in time: not CPU work
+    assert gpu.cpu_backlog("m", 0.002) == (1, pytest.approx(2.0))
