@@ -326,8 +326,9 @@ class Engine:
             payload=request,
         )
         self._futures[queued.id] = future
-        # A client that went away cancels its handler and this future: drain no longer waits for it.
-        future.add_done_callback(lambda f, request_id=queued.id: f.cancelled() and self._settle(request_id))
+        # A client that went away cancels its handler and so this future: the request leaves the
+        # queue at once (or its result is discarded), and drain no longer waits for it.
+        future.add_done_callback(lambda f, gone=queued: f.cancelled() and self._client_gone(gone))
         self._idle.clear()
         self._carry_out(self.core.on_arrival(queued, self.now))
         return future
@@ -451,6 +452,10 @@ class Engine:
             self._timer.cancel()
         self._timer_at = when
         self._timer = asyncio.get_running_loop().call_later(max(0.0, when - self.now), self._on_timer)
+
+    def _client_gone(self, request: Request) -> None:
+        self._settle(request.id)
+        self._carry_out(self.core.cancel(request, self.now))
 
     def _settle(self, request_id: int, result: Result | None = None, error: RequestFailed | None = None) -> None:
         future = self._futures.pop(request_id, None)

@@ -9,7 +9,7 @@ I/O and reads no clock: each event carries ``now``, and the answer is a list of 
 
 Events: a request arrives (``on_arrival``), an executor comes up or goes down
 (``set_executor_ready``), a batch ends (``on_batch_done``, ``on_batch_failed``), a timer fires
-(``on_timer``). Actions: ``Start`` a batch on an executor, ``Finish`` the requests of a batch
+(``on_timer``), a client goes away (``cancel``). Actions: ``Start`` a batch on an executor, ``Finish`` the requests of a batch
 that are still waiting for its result, ``Fail`` requests with a status and a reason, ``WakeAt``
 a time (a deferred batch falls due, or a request times out).
 
@@ -246,6 +246,16 @@ class DispatchCore:
             waited_ms = (request.timeout_at - request.arrival) * 1000
             actions.append(Fail((request,), 504, "timeout", f"timed out after {waited_ms:g} ms {where}"))
         return actions + self._pump(now)
+
+    def cancel(self, request: Request, now: float) -> list[Action]:
+        """Its client has gone: a queued request leaves the queue at once (never run, its slot
+        free); a running one ends now and its result is discarded when the batch ends."""
+        if request.state == QUEUED:
+            self.models[request.model].queue.remove(request)
+        elif request.state != RUNNING:
+            return []
+        request.state = ENDED
+        return self._pump(now)
 
     def shutdown(self) -> list[Action]:
         """End every queued request (the gateway is going away); running batches end with their executors."""

@@ -260,3 +260,16 @@ def test_the_cpu_backlog_counts_what_waits_for_the_cpu_and_its_age():
     gpu.set_sla("m", 200)
     gpu.on_arrival(Request(3, "m", 0.001), 0.001)  # the GPU finishes this one in time: not CPU work
     assert gpu.cpu_backlog("m", 0.002) == (1, pytest.approx(2.0))
+
+
+def test_a_request_whose_client_left_leaves_the_queue_or_is_discarded():
+    core = core_with()
+    running, queued = Request(1, "m", 0.0), Request(2, "m", 0.0)
+    (start,) = of(core.on_arrival(running, 0.0), Start)
+    core.on_arrival(queued, 0.0)
+    core.cancel(queued, 0.001)
+    assert core.queue_length("m") == 0  # its slot is free at once, and it never runs
+    core.cancel(running, 0.002)
+    done = core.on_batch_done(start.batch, 5.0, 0.005)
+    assert done[0] == Finish(start.batch, ())  # the result is discarded
+    assert not of(done, Start)
