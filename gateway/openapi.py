@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gateway.routes import ROUTES, Reply, Route
+from gateway.routes import ROUTES, SLA_MS_RANGE, Reply, Route
 
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
 
@@ -163,12 +163,20 @@ def openapi_document(version: str) -> dict[str, Any]:
         "SetSla": {
             "type": "object",
             "required": ["sla_ms"],
-            "properties": {"sla_ms": {"type": "number", "exclusiveMinimum": True, "minimum": 0}},
+            "properties": {"sla_ms": {"type": "number", "minimum": SLA_MS_RANGE[0], "maximum": SLA_MS_RANGE[1]}},
         },
         "PinCores": {
             "type": "object",
             "required": ["cores"],
-            "properties": {"cores": {"type": "number", "nullable": True, "exclusiveMinimum": True, "minimum": 0}},
+            "properties": {
+                "cores": {
+                    "type": "number",
+                    "nullable": True,
+                    "exclusiveMinimum": True,
+                    "minimum": 0,
+                    "description": "at most the node's cores (node.cpu_cores); null hands them back to the policy",
+                }
+            },
         },
         "ModelState": {"type": "object", "required": ["name", "sla_ms", "executors", "stats"]},
     }

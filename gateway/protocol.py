@@ -8,6 +8,10 @@ Every malformed request becomes an ``InvalidRequest`` that names what was wrong.
 
 from __future__ import annotations
 
+import re
+import reprlib
+import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +66,16 @@ class InferRequest:
 
 
 def parse_infer_request(
-    body: bytes, header_length: str | None, signature: ModelSignature, max_batch_size: int, limits: Limits = Limits()
+    body: bytes | bytearray, header_length: str | None, signature: ModelSignature, max_batch_size: int, limits: Limits = Limits()
 ) -> InferRequest:
+    """Check the request against the model, then decode its tensors.
+
+    Every check that can refuse a request (names, datatypes, declared shapes against the model,
+    element counts, the batch dimension against ``max_batch_size``, binary sizes, outputs, id)
+    reads only the JSON header: no tensor is decoded before all of them pass. A JSON text over
+    ``LARGE_BYTES`` is read in steps (``_load_large_json``), so this function can run in a worker
+    thread without holding the GIL, and with it the event loop, for long.
+    """
     header, blobs = _split_body(body, header_length)
     if not isinstance(header, dict):
         raise InvalidRequest("the request body must be a JSON object")
@@ -73,16 +85,15 @@ def parse_infer_request(
     inputs_json = header.get("inputs")
     if not isinstance(inputs_json, list) or not inputs_json:
         raise InvalidRequest("'inputs' must be a non-empty list of tensors")
-    parameters = header.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidRequest("'parameters' must be an object")
+    parameters = _object(header.get("parameters"), "'parameters'")
     if "classification" in parameters:
         raise InvalidRequest("the classification extension is not supported")
     timeout_us = parameters.get("timeout")
     if timeout_us is not None and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0):
-        raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer of microseconds, got {timeout_us!r}")
+        raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer of microseconds, got {_brief(timeout_us)}")
+    binary_output = _flag(parameters, "binary_data_output", False, "parameter")
 
-    inputs: dict[str, np.ndarray] = {}
+    planned: dict[str, _PlannedInput] = {}
     offset = 0
     for item in inputs_json:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -92,21 +103,21 @@ def parse_infer_request(
         if spec is None:
             known = ", ".join(t.name for t in signature.inputs)
             raise InvalidRequest(f"unknown input '{name}'; the model's inputs are: {known}")
-        if name in inputs:
+        if name in planned:
             raise InvalidRequest(f"input '{name}' is given twice")
-        array, offset = _decode_input(item, spec, blobs, offset, limits)
-        inputs[name] = array
+        planned[name], offset = _plan_input(item, spec, blobs, offset, limits)
     if blobs is not None and offset != len(blobs):
         raise InvalidRequest(f"{len(blobs) - offset} bytes of binary data follow the tensors that use them")
-    missing = [t.name for t in signature.inputs if t.name not in inputs]
+    missing = [t.name for t in signature.inputs if t.name not in planned]
     if missing:
         raise InvalidRequest(f"missing input(s): {', '.join(missing)}")
-
-    rows = _batch_rows(inputs, signature, max_batch_size)
-    outputs = _requested_outputs(header.get("outputs"), signature, bool(parameters.get("binary_data_output", False)))
+    rows = _batch_rows({name: plan.shape for name, plan in planned.items()}, signature, max_batch_size)
+    outputs = _requested_outputs(header.get("outputs"), signature, binary_output)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest("'id' must be a string")
+
+    inputs = {name: plan.decode() for name, plan in planned.items()}
     return InferRequest(id=request_id, inputs=inputs, outputs=outputs, rows=rows, parameters=parameters, timeout_us=timeout_us)
 
 
@@ -115,7 +126,8 @@ def json_depth(value: Any, limit: int) -> int:
 
     Lists of scalars (tensor data) are not walked element by element: a list whose first
     element is a scalar ends there, and a container hidden behind it makes the tensor ragged,
-    which decoding refuses anyway.
+    which decoding refuses anyway. An array of numbers set aside as text counts as deep as its
+    leading brackets.
     """
     deepest = 0
     stack = [(value, 1)]
@@ -128,6 +140,9 @@ def json_depth(value: Any, limit: int) -> int:
         elif isinstance(item, list):
             deepest = max(deepest, depth)
             continue
+        elif isinstance(item, _NumbersText):
+            deepest = max(deepest, depth + item.depth - 1)
+            continue
         else:
             continue
         deepest = max(deepest, depth)
@@ -137,30 +152,45 @@ def json_depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[Any, memoryview | None]:
+def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[Any, memoryview | None]:
     if header_length is None:
-        json_bytes, blobs = body, None
-    else:
+        return _load_json(body), None
+    # RFC 9110's Content-Length grammar, 1*DIGIT: int() alone would read "1_0", " 10" or "+10".
+    if not (header_length.isascii() and header_length.isdigit()):
+        raise InvalidRequest(f"Inference-Header-Content-Length must be a decimal number of bytes, got {_brief(header_length)}")
+    length = int(header_length) if len(header_length) <= 20 else len(body) + 1
+    if not 0 < length <= len(body):
+        shown = header_length if len(header_length) <= 20 else header_length[:20] + "..."
+        raise InvalidRequest(f"Inference-Header-Content-Length {shown} does not fit a body of {len(body)} bytes")
+    return _load_json(body[:length]), memoryview(body)[length:]
+
+
+@dataclass(frozen=True)
+class _PlannedInput:
+    """An input whose header passed every check; its data is decoded by ``decode``."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    binary: memoryview | None  # its bytes of the binary tensor extension, or
+    data: Any  # its JSON data: a list, a scalar or a _NumbersText
+
+    def decode(self) -> np.ndarray:
+        if self.binary is None:
+            return _decode_json_data(self.name, self.data, self.datatype, self.shape)
         try:
-            length = int(header_length)
-        except ValueError:
-            raise InvalidRequest(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if not 0 < length <= len(body):
-            raise InvalidRequest(f"Inference-Header-Content-Length {length} does not fit a body of {len(body)} bytes")
-        json_bytes, blobs = body[:length], memoryview(body)[length:]
-    try:
-        return orjson.loads(json_bytes), blobs
-    except orjson.JSONDecodeError as error:
-        raise InvalidRequest(f"the request is not valid JSON: {error}") from None
+            return tensor_from_bytes(self.binary, self.datatype, self.shape)
+        except TensorDecodeError as error:
+            raise InvalidRequest(f"input '{self.name}': {error}") from None
 
 
-def _decode_input(
+def _plan_input(
     item: dict[str, Any], spec: TensorSpec, blobs: memoryview | None, offset: int, limits: Limits
-) -> tuple[np.ndarray, int]:
+) -> tuple[_PlannedInput, int]:
     name = item["name"]
     datatype = item.get("datatype")
     if datatype != spec.datatype:
-        raise InvalidRequest(f"input '{name}' has datatype {datatype!r}; the model expects {spec.datatype}")
+        raise InvalidRequest(f"input '{name}' has datatype {_brief(datatype)}; the model expects {spec.datatype}")
     shape = item.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
@@ -172,30 +202,31 @@ def _decode_input(
             "(server.max_elements)",
             status=413,
         )
-    parameters = item.get("parameters") or {}
-    size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+    parameters = _object(item.get("parameters"), f"input '{name}': 'parameters'")
+    size = parameters.get("binary_data_size")
     if size is not None:
         if blobs is None:
             raise InvalidRequest(f"input '{name}' has binary_data_size but the request has no Inference-Header-Content-Length")
-        if not isinstance(size, int) or size < 0 or offset + size > len(blobs):
-            raise InvalidRequest(f"input '{name}': binary_data_size {size!r} runs past the end of the body")
-        try:
-            return tensor_from_bytes(blobs[offset : offset + size], datatype, shape), offset + size
-        except TensorDecodeError as error:
-            raise InvalidRequest(f"input '{name}': {error}") from None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(blobs):
+            raise InvalidRequest(f"input '{name}': binary_data_size {_brief(size)} runs past the end of the body")
+        return _PlannedInput(name, datatype, shape, blobs[offset : offset + size], None), offset + size
     if "data" not in item:
         raise InvalidRequest(f"input '{name}' has neither 'data' nor binary_data_size")
-    return _decode_json_data(name, item["data"], datatype, shape), offset
+    return _PlannedInput(name, datatype, shape, None, item["data"]), offset
 
 
 def _decode_json_data(name: str, data: Any, datatype: str, shape: list[int]) -> np.ndarray:
-    if not isinstance(data, list):
-        data = [data]
-    try:
-        raw = np.asarray(data)
-    except ValueError:
-        raise InvalidRequest(f"input '{name}': 'data' is a ragged nested list") from None
     count = element_count(shape)
+    raw = data.numbers(name, shape) if isinstance(data, _NumbersText) else None
+    if raw is None:
+        if isinstance(data, _NumbersText):
+            data = data.parse(name, count)
+        if not isinstance(data, list):
+            data = [data]
+        try:
+            raw = np.asarray(data)
+        except ValueError:
+            raise InvalidRequest(f"input '{name}': 'data' is a ragged nested list") from None
     if raw.size != count:
         raise InvalidRequest(f"input '{name}': shape {shape} needs {count} elements, 'data' has {raw.size}")
     if count and raw.dtype.kind not in _ACCEPTED_KINDS[datatype]:
@@ -209,13 +240,19 @@ def _decode_json_data(name: str, data: Any, datatype: str, shape: list[int]) -> 
         info = np.iinfo(dtype)
         if raw.min() < info.min or raw.max() > info.max:
             raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}")
-    return raw.astype(dtype, copy=False).reshape(shape)
+    with np.errstate(over="ignore"):
+        array = raw.astype(dtype, copy=False).reshape(shape)
+    # JSON has no NaN or infinity, so a value that is not finite once converted was too large
+    # for the datatype (1e39 for FP32, 70000 for FP16).
+    if dtype.kind == "f" and not np.isfinite(array).all():
+        raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}")
+    return array
 
 
-def _batch_rows(inputs: dict[str, np.ndarray], signature: ModelSignature, max_batch_size: int) -> int:
+def _batch_rows(shapes: dict[str, list[int]], signature: ModelSignature, max_batch_size: int) -> int:
     if not signature.batchable:
         return 1
-    rows = {array.shape[0] for array in inputs.values()}
+    rows = {shape[0] for shape in shapes.values()}
     if len(rows) != 1:
         raise InvalidRequest(f"the inputs disagree on the batch dimension: {sorted(rows)}")
     (count,) = rows
@@ -233,14 +270,44 @@ def _requested_outputs(items: Any, signature: ModelSignature, binary_default: bo
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidRequest("each requested output must be an object with a 'name'")
-        if signature.output(item["name"]) is None:
+        name = item["name"]
+        if signature.output(name) is None:
             known = ", ".join(t.name for t in signature.outputs)
-            raise InvalidRequest(f"unknown output '{item['name']}'; the model's outputs are: {known}")
-        parameters = item.get("parameters") or {}
+            raise InvalidRequest(f"unknown output '{name}'; the model's outputs are: {known}")
+        parameters = _object(item.get("parameters"), f"output '{name}': 'parameters'")
         if "classification" in parameters:
             raise InvalidRequest("the classification extension is not supported")
-        requested.append(RequestedOutput(item["name"], bool(parameters.get("binary_data", binary_default))))
+        requested.append(RequestedOutput(name, _flag(parameters, "binary_data", binary_default, f"output '{name}': parameter")))
     return requested
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """A ``parameters`` object: absent or null is empty, anything but an object is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be an object, got {_brief(value)}")
+    return value
+
+
+def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    """A boolean parameter (absent or null: ``default``): "no", 0 or [] are refused, not read
+    as Python's truth."""
+    value = parameters.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{where} '{key}' must be true or false, got {_brief(value)}")
+    return value
+
+
+def _brief(value: Any) -> str:
+    """A client's value for an error message, cut short: it can be megabytes long."""
+    return _BRIEF.repr(value)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 2, 4, 4, 60, 60
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -251,6 +318,176 @@ def _kind_text(kind: str) -> str:
     return {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings"}.get(kind, "values")
 
 
+# -- large JSON texts ---------------------------------------------------------------------------
+# A request over LARGE_BYTES is decoded off the event loop (gateway.server hands it to a worker
+# thread), but a thread frees the loop only when each step it takes is short: orjson and numpy
+# hold the GIL for the whole of one call, and one orjson.loads of a 60 MB tensor holds it 0.6 s.
+# So the long arrays of numbers under "data" keys are set aside as text before the rest of the
+# JSON is parsed, checked against the model, and only then read in pieces of _PIECE_BYTES.
+LARGE_BYTES = 1 << 20
+_PIECE_BYTES = 256 << 10  # about 2 ms of orjson and numpy per piece
+_MIN_SET_ASIDE_BYTES = 64 << 10  # shorter arrays stay in the JSON parsed in one call
+# Bytes in a window searched by one regular expression call (a few ms at sre's speed).
+_WINDOW_BYTES = 1 << 20
+_DATA_ARRAY = re.compile(rb'"data"[ \t\r\n]*:[ \t\r\n]*\[')
+_NOT_IN_NUMBERS = re.compile(rb"[^-+0-9.eE,\[\] \t\r\n]")
+_LEADING_BRACKETS = re.compile(rb"(?:\[[ \t\r\n]*)+")
+_NUMBERS_TO_N = bytes.maketrans(b"0123456789+-.eE", b"n" * 15)
+_BRACKETS_TO_SPACES = bytes.maketrans(b"[]", b"  ")
+# A JSON number with its separators takes at most this many bytes in any sane client's text; a
+# longer text that is not laid out as its shape is refused rather than parsed in one call.
+_MAX_BYTES_PER_ELEMENT = 64
+
+
+def _load_json(text: bytes | bytearray) -> Any:
+    if len(text) > LARGE_BYTES:
+        return _load_large_json(text)
+    return _loads(text)
+
+
+def _loads(text: bytes | bytearray | memoryview) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise InvalidRequest(f"the request is not valid JSON: {error}") from None
+
+
+def _load_large_json(text: bytes | bytearray) -> Any:
+    """``orjson.loads(text)``, with each long array of numbers under an input's "data" left as
+    a ``_NumbersText``.
+
+    Each such array is replaced by a string that names it before the rest is parsed, which is
+    the same JSON with another value in the same place. A "data" key anywhere but in an input
+    (in "parameters", say) gets its value back by parsing the whole text as it came.
+    """
+    marker = "\0" + secrets.token_hex(8) + ":"
+    parts: list[bytes] = []
+    aside: list[_NumbersText] = []
+    start = 0
+    for begin, end in _long_data_arrays(text):
+        parts += [text[start:begin], orjson.dumps(f"{marker}{len(aside)}")]
+        aside.append(_NumbersText(text, begin, end))
+        start = end
+    if not aside:
+        return _loads(text)
+    parts.append(text[start:])
+    header = _loads(b"".join(parts))
+    inputs = header.get("inputs") if isinstance(header, dict) else None
+    restored = 0
+    for item in inputs if isinstance(inputs, list) else ():
+        data = item.get("data") if isinstance(item, dict) else None
+        if isinstance(data, str) and data.startswith(marker):
+            item["data"] = aside[int(data[len(marker) :])]
+            restored += 1
+    return header if restored == len(aside) else _loads(text)
+
+
+def _long_data_arrays(text: bytes | bytearray) -> Iterator[tuple[int, int]]:
+    """Where the values of "data" keys are long arrays of only numbers: (start, end) of each,
+    from its "[" to its "]"."""
+    position = 0
+    while (found := _search(_DATA_ARRAY, text, position, overlap=64)) is not None:
+        begin = found.end() - 1
+        stop = _search(_NOT_IN_NUMBERS, text, begin)
+        run_end = stop.start() if stop is not None else len(text)
+        # The run of number characters holds the array, then at most a comma and whitespace;
+        # anything else left after its last "]" breaks the JSON that is parsed without it.
+        end = text.rfind(b"]", begin, run_end) + 1
+        if end - begin >= _MIN_SET_ASIDE_BYTES:
+            yield begin, end
+        position = run_end
+
+
+def _search(pattern: re.Pattern[bytes], text: bytes | bytearray, position: int, overlap: int = 0) -> re.Match[bytes] | None:
+    """``pattern.search(text, position)``, one window at a time so that no call is long. A match
+    longer than ``overlap`` across two windows is missed: only for patterns where that is safe."""
+    while position < len(text):
+        found = pattern.search(text, position, position + _WINDOW_BYTES + overlap)
+        if found is not None:
+            return found
+        position += _WINDOW_BYTES
+    return None
+
+
+@dataclass(frozen=True, repr=False)
+class _NumbersText:
+    """An array of numbers from a request's JSON, still text: ``text[start:end]``."""
+
+    text: bytes | bytearray
+    start: int
+    end: int
+
+    def __repr__(self) -> str:
+        return f"<array of numbers, {self.end - self.start} bytes of JSON>"
+
+    @property
+    def depth(self) -> int:
+        """How deep its first element nests: the leading brackets."""
+        leading = _LEADING_BRACKETS.match(self.text, self.start, min(self.end, self.start + 4096))
+        return leading.group().count(b"[") if leading is not None else 1
+
+    def numbers(self, name: str, shape: list[int]) -> np.ndarray | None:
+        """Its numbers, flat, read a piece at a time, when it is laid out flat or nested as
+        ``shape`` (what clients send); None otherwise (``parse`` reads it then)."""
+        depth, inner_start, inner_end = self.depth, self.start + 1, self.end - 1
+        if not element_count(shape):
+            return None
+        if depth == 1:
+            if self.text.find(b"[", inner_start, inner_end) != -1 or self.text.find(b"]", inner_start, inner_end) != -1:
+                return None
+        elif depth != len(shape) or not self._nested_as(shape):
+            return None
+        parts = []
+        position = inner_start
+        while True:
+            cut = inner_end
+            if inner_end - position > _PIECE_BYTES:
+                cut = self.text.rfind(b",", position, position + _PIECE_BYTES)
+                if cut == -1:  # whitespace longer than a piece: then the piece ends at the next comma
+                    cut = self.text.find(b",", position + _PIECE_BYTES, inner_end)
+                    cut = inner_end if cut == -1 else cut
+            piece = self.text[position:cut].translate(_BRACKETS_TO_SPACES)
+            try:
+                values = orjson.loads(b"[" + piece + b"]")
+                if not values:  # between two commas, or after the last one
+                    raise orjson.JSONDecodeError("a comma without a number", "", 0)
+                parts.append(np.asarray(values))
+            except (orjson.JSONDecodeError, OverflowError):
+                raise InvalidRequest(f"the request is not valid JSON: input '{name}' has a malformed number in 'data'") from None
+            if cut == inner_end:
+                return np.concatenate(parts) if len(parts) > 1 else parts[0]
+            position = cut + 1
+
+    def _nested_as(self, shape: list[int]) -> bool:
+        """Whether its brackets and commas are exactly those of an array of ``shape`` with a
+        number between each, checked a piece at a time."""
+        layout = b"[" + b"," * (shape[-1] - 1) + b"]"
+        for dim in reversed(shape[:-1]):
+            layout = b"".join((b"[", layout, (b"," + layout) * (dim - 1), b"]"))  # a repeat: memcpy-fast
+        seen, before = 0, b""
+        for position in range(self.start, self.end, _PIECE_BYTES):
+            # Whitespace gone and each number character an "n": "[[n,nnn],[n,n]]".
+            piece = self.text[position : min(position + _PIECE_BYTES, self.end)].translate(_NUMBERS_TO_N, b" \t\r\n")
+            joined = before + piece
+            before = joined[-1:]
+            if b"]n" in joined or b"n[" in joined:  # a number outside a bracket: "[1]2", "1[2]"
+                return False
+            marks = piece.replace(b"n", b"")
+            if layout[seen : seen + len(marks)] != marks:
+                return False
+            seen += len(marks)
+        return seen == len(layout)
+
+    def parse(self, name: str, count: int) -> Any:
+        """Its JSON value, parsed in one call (an array nested otherwise than its shape)."""
+        if self.end - self.start > _MAX_BYTES_PER_ELEMENT * count + _MIN_SET_ASIDE_BYTES:
+            raise InvalidRequest(
+                f"input '{name}': 'data' is {self.end - self.start} bytes of JSON, too long for {count} elements "
+                "laid out otherwise than flat or as the input's shape"
+            )
+        return _loads(memoryview(self.text)[self.start : self.end])
+
+
 def encode_infer_response(
     model: str,
     request: InferRequest,
@@ -258,9 +495,16 @@ def encode_infer_response(
     datatypes: dict[str, str],
     parameters: dict[str, Any],
 ) -> tuple[bytes, int | None]:
-    """The response body and, when any output is binary, the JSON header's length."""
+    """The response body and, when any output is binary, the JSON header's length.
+
+    NaN and infinities, which JSON has no numbers for, are written as null (orjson's choice);
+    binary outputs carry them as they are. A JSON output of many numbers is written a piece at a
+    time (``_json_numbers``), so that this can run in a worker thread without holding the GIL long.
+    """
     outputs_json = []
     blobs: list[bytes | memoryview] = []
+    long_data: list[np.ndarray] = []
+    marker = "\0" + secrets.token_hex(8) + ":"
     for wanted in request.outputs:
         array = outputs[wanted.name]
         datatype = datatypes[wanted.name]
@@ -273,15 +517,38 @@ def encode_infer_response(
             entry["data"] = [_bytes_to_text(b) for b in array.ravel().tolist()]
         else:
             # orjson writes numpy arrays itself, twenty times faster than json on tolist().
-            entry["data"] = np.ascontiguousarray(array).ravel()
+            data = np.ascontiguousarray(array).ravel()
+            if data.size > _PIECE_ELEMENTS:
+                entry["data"] = f"{marker}{len(long_data)}"  # written in below
+                long_data.append(data)
+            else:
+                entry["data"] = data
         outputs_json.append(entry)
     response: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": outputs_json, "parameters": parameters}
     if request.id is not None:
         response["id"] = request.id
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if long_data:
+        parts, rest = [], head
+        for index, data in enumerate(long_data):
+            before, rest = rest.split(orjson.dumps(f"{marker}{index}"), 1)
+            parts += [before, _json_numbers(data)]
+        head = b"".join([*parts, rest])
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)
+
+
+_PIECE_ELEMENTS = 64 * 1024  # numbers orjson writes in one call: a few ms
+
+
+def _json_numbers(data: np.ndarray) -> bytes:
+    """``orjson.dumps(data)`` of a flat array, written a piece at a time."""
+    pieces = (
+        orjson.dumps(data[start : start + _PIECE_ELEMENTS], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+        for start in range(0, data.size, _PIECE_ELEMENTS)
+    )
+    return b"[" + b",".join(pieces) + b"]"
 
 
 def _bytes_to_text(value: Any) -> str:

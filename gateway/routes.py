@@ -57,6 +57,10 @@ class Route:
 
 
 MODEL_STATE = Reply("ModelState", "the model")
+# What an SLA set through the admin API may be, in ms (the server's check and the document's
+# SetSla): under a microsecond is no response time the gateway can measure or meet, and over a
+# day is no response time at all.
+SLA_MS_RANGE = (0.001, 86_400_000.0)
 MODEL_VERSION_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 INFERENCE_HEADER = {
     "name": "Inference-Header-Content-Length",

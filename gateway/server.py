@@ -4,30 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from executors.tensors import KSERVE_TO_TRITON_CONFIG
 from gateway import __version__
 from gateway.config import GatewayConfig
+from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
 from gateway.engine import Engine, ModelRuntime, RequestFailed
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import openapi_document
-from gateway.protocol import InvalidRequest, Limits, encode_infer_response, parse_infer_request
-from gateway.routes import ROUTES, plane
+from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
+from gateway.routes import ROUTES, SLA_MS_RANGE, plane
 
 log = logging.getLogger("gateway")
 
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 HANDLERS: web.AppKey[Handlers] = web.AppKey("handlers")
 SERVER_NAME = "gateway"
+# After the drain, how long the open connections may still send a request (answered 503 with
+# Connection: close) before they are closed, and then how long aiohttp may take to end their
+# handlers: together within the second the gateway allows itself past drain_timeout_s.
+CLOSE_GRACE_S = 0.5
+HANDLER_SHUTDOWN_S = 0.25
 # The only model version served; the protocol lets clients name it in the path.
 MODEL_VERSION = "1"
 
@@ -38,6 +47,9 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+# A body is read in pieces of at most this: each is one short copy on the event loop.
+BODY_CHUNK_BYTES = 1 << 20
 
 
 @web.middleware
@@ -73,12 +85,79 @@ def bearer_guard(admin_token: str | None, data_token: str | None) -> Middleware:
         token, name = tokens[needs] if needs is not None else (None, "")
         if token is not None:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            # aiohttp reads header bytes as UTF-8 with surrogateescape: back to the same bytes, so
+            # that a token that is not UTF-8 is a wrong token rather than an error.
+            given_bytes = given.strip().encode("utf-8", "surrogateescape")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, token.encode()):
                 problem = "the bearer token is wrong" if scheme.lower() == "bearer" else "no 'Authorization: Bearer' header"
                 return error_response(401, f"the {name} needs a bearer token: {problem}", {"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
     return guard
+
+
+async def _read_body(request: web.Request) -> list[bytes]:
+    """The request body, in pieces of at most ``BODY_CHUNK_BYTES``; ``joined`` makes them one.
+
+    Not ``request.read()``: that copies the body twice on the event loop, and a 60 MB body
+    held the loop for tens of milliseconds at its last copy. A body that aiohttp's parser
+    refuses (one that does not decompress) is a 400.
+    """
+    limit = request.client_max_size
+    request.content.set_read_chunk_size(limit)  # as request.read() does: fewer pauses of the socket
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while chunk := await request.content.read(BODY_CHUNK_BYTES):
+            size += len(chunk)
+            if size > limit:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+            chunks.append(chunk)
+        return chunks
+    except web.RequestPayloadError as error:
+        if request.transport is None or request.transport.is_closing():
+            raise ConnectionResetError("the client left while sending its body") from error
+        # aiohttp's message reads "400, message:\n  Can not decode content-encoding: gzip".
+        raise InvalidRequest(f"the request body is malformed: {str(error).rpartition('message:')[2].strip()}") from None
+
+
+def joined(chunks: list[bytes]) -> bytes | bytearray:
+    """One buffer of ``chunks``, a chunk at a time: in a worker thread, no step holds the GIL for
+    long. (``b"".join`` of 60 MB holds it for tens of milliseconds, and so does ``bytearray(n)``,
+    which writes zeros over all of it; ``extend`` grows the buffer in place, by ``mremap``.)"""
+    if len(chunks) <= 1:
+        return chunks[0] if chunks else b""
+    body = bytearray()
+    for chunk in chunks:
+        body.extend(chunk)
+    return body
+
+
+def _parse_chunks(chunks: list[bytes], *args: Any) -> InferRequest:
+    return parse_infer_request(joined(chunks), *args)
+
+
+class JsonErrorConnection(GatewayConnection):
+    """A ``GatewayConnection`` whose own errors are the documented JSON ``{"error": ...}``.
+
+    What aiohttp's HTTP parser refuses (a bad request line, an invalid header, a request line or
+    header over its size limits) is answered by the connection itself, before any middleware,
+    and aiohttp writes it as text/plain.
+    """
+
+    __slots__ = ()
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs it; raises if a response is under way
+        if status >= 500:
+            text = "internal error; see the gateway's log"
+        else:
+            text = f"the HTTP request is malformed: {message}" if message else HTTPStatus(status).phrase
+        response = error_response(status, text)
+        response.force_close()
+        return response
 
 
 class Handlers:
@@ -87,6 +166,9 @@ class Handlers:
         server = engine.config.server
         self.limits = Limits(server.max_json_depth, server.max_elements)
         self.draining = False  # set on SIGTERM/SIGINT: not ready, no new requests
+        # Decoding a large request (and encoding a large response) runs here, off the event loop.
+        # One thread: the work holds the GIL, so more threads would only make the loop wait longer.
+        self.codec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-codec")
 
     def _runtime(self, request: web.Request) -> ModelRuntime:
         name = request.match_info["model"]
@@ -188,9 +270,11 @@ class Handlers:
         assert runtime.signature is not None
         if self.draining:
             return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
-        body = await request.read()
-        parsed = parse_infer_request(
-            body,
+        chunks = await _read_body(request)
+        parsed = await self._off_loop(
+            sum(len(chunk) for chunk in chunks),
+            _parse_chunks,
+            chunks,
             request.headers.get("Inference-Header-Content-Length"),
             runtime.signature,
             runtime.config.max_batch_size,
@@ -206,7 +290,15 @@ class Handlers:
             "queue_ms": round(result.queue_ms, 3),
             "compute_ms": round(result.compute_ms, 3),
         }
-        payload, header_length = encode_infer_response(runtime.name, parsed, result.outputs, runtime.datatypes, parameters)
+        payload, header_length = await self._off_loop(
+            sum(output.nbytes for output in result.outputs.values()),
+            encode_infer_response,
+            runtime.name,
+            parsed,
+            result.outputs,
+            runtime.datatypes,
+            parameters,
+        )
         if header_length is None:
             return web.Response(body=payload, content_type="application/json"), "success", result.executed_on
         response = web.Response(
@@ -215,6 +307,17 @@ class Handlers:
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
         return response, "success", result.executed_on
+
+    async def _off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)``, in the codec thread when it works on more than ``LARGE_BYTES``.
+
+        A large request's checks run before its tensors are decoded and refuse it cheaply, but a
+        60 MB body still takes a second to decode: meanwhile the loop answers the others, health
+        probes included (protocol.py does that work in short steps, so the GIL is released often).
+        """
+        if size <= LARGE_BYTES:
+            return function(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.codec, function, *args)
 
     # -- admin ------------------------------------------------------------------------------
     async def admin_models(self, request: web.Request) -> web.Response:
@@ -228,17 +331,24 @@ class Handlers:
         runtime = self._runtime(request)
         body = await self._json_body(request)
         cores = body.get("cores", ...) if isinstance(body, dict) else ...
-        valid = cores is None or (not isinstance(cores, bool) and isinstance(cores, (int, float)) and 0 < cores < float("inf"))
+        # More than the node's cores is no pin the supervisor could grant.
+        node_cores = self.engine.config.node.cpu_cores
+        valid = cores is None or (not isinstance(cores, bool) and isinstance(cores, (int, float)) and 0 < cores <= node_cores)
         if cores is ... or not valid:
-            raise InvalidRequest('the body must be {"cores": N} with N a positive number of cores, or {"cores": null}')
+            raise InvalidRequest(
+                f'the body must be {{"cores": N}} with N over 0 and at most the node\'s {node_cores:g} cores '
+                '(node.cpu_cores), or {"cores": null}'
+            )
         assert self.engine.control is not None
         self.engine.control.pin(runtime.name, None if cores is None else float(cores))
         return web.json_response(self.engine.describe(runtime))
 
     async def _json_body(self, request: web.Request) -> object:
+        # orjson, not json: it refuses NaN and Infinity, which are not JSON, and nesting past
+        # 1024 levels, where json.loads raises RecursionError.
         try:
-            return json.loads(await request.read())
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            return orjson.loads(joined(await _read_body(request)))
+        except orjson.JSONDecodeError as error:
             raise InvalidRequest(f"the body is not valid JSON: {error}") from None
 
     async def admin_history(self, request: web.Request) -> web.Response:
@@ -270,8 +380,11 @@ class Handlers:
         runtime = self._runtime(request)
         body = await self._json_body(request)
         sla = body.get("sla_ms") if isinstance(body, dict) else None
-        if isinstance(sla, bool) or not isinstance(sla, (int, float)) or not 0 < sla < float("inf"):
-            raise InvalidRequest('the body must be {"sla_ms": N} with N a positive number of milliseconds')
+        low, high = SLA_MS_RANGE
+        if isinstance(sla, bool) or not isinstance(sla, (int, float)) or not low <= sla <= high:
+            raise InvalidRequest(
+                f'the body must be {{"sla_ms": N}} with N from {low:g} to {high:.0f} milliseconds (a microsecond to a day)'
+            )
         self.engine.set_sla(runtime, float(sla))
         return web.json_response(self.engine.describe(runtime))
 
@@ -303,6 +416,16 @@ def build_app(engine: Engine) -> web.Application:
             for r in ROUTES
         ]
     )
+
+    async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+        # Once draining, every answer ends its connection (Go's Server.Shutdown does the same),
+        # so that no client sends its next request on a connection about to close. aiohttp 3.14
+        # has written the Connection header of force_close() before this hook: set both.
+        if h.draining:
+            response.force_close()
+            response.headers["Connection"] = "close"
+
+    app.on_response_prepare.append(close_when_draining)
     return app
 
 
@@ -314,6 +437,10 @@ def run(config: GatewayConfig) -> None:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
+    # While the codec thread decodes a large body, the loop waits up to the GIL's switch interval
+    # (5 ms by default) each time it wakes; a probe wakes it a few times. 1 ms keeps the loop's
+    # answers prompt, for a few more switches of a thread that is rarely busy.
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(serve(config))
 
@@ -323,25 +450,35 @@ async def serve(config: GatewayConfig) -> None:
     engine = Engine(config, GatewayMetrics())
     await engine.start()
     app = build_app(engine)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that disconnects cancels its handler, so its request leaves
+    # the queue at once (aiohttp 3.9+ lets handlers run on by default).
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=HANDLER_SHUTDOWN_S
+    )
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port)
+    loop = asyncio.get_running_loop()
     try:
-        await site.start()
+        connections, listener = await listen(runner, config)
     except OSError as error:
         await engine.stop()
         raise SystemExit(f"cannot listen on {config.server.host}:{config.server.port}: {error}") from None
-    log.info("serving %d model(s) on http://%s:%d", len(engine.models), config.server.host, config.server.port)
+    log.info(
+        "serving %d model(s) on http://%s:%d, at most %d connections",
+        len(engine.models),
+        config.server.host,
+        config.server.port,
+        connections.table.max_connections,
+    )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     stop.clear()
     # Drain: readiness goes false and new requests are answered 503 while the accepted ones
-    # finish, for at most drain_timeout_s (a second signal cuts it short). Then stop listening,
-    # end what is left (answered 503), and only then close the HTTP side: its handlers are
-    # waiting on exactly those requests.
+    # finish, for at most drain_timeout_s (a second signal cuts it short); every answer from now
+    # on closes its connection. Then stop listening, end what is left (answered 503), give the
+    # open connections CLOSE_GRACE_S to be answered and closed, and only then close the HTTP
+    # side: its handlers are waiting on exactly those requests.
     app[HANDLERS].draining = True
     log.info("shutting down: draining %d request(s) for at most %g s", engine.active, config.server.drain_timeout_s)
     drained = asyncio.ensure_future(engine.drain(config.server.drain_timeout_s))
@@ -351,6 +488,26 @@ async def serve(config: GatewayConfig) -> None:
     if not (drained.done() and drained.result()):
         drained.cancel()
         log.warning("shutting down with %d request(s) unfinished: they are answered 503", engine.active)
-    await site.stop()
-    await engine.stop()
+    listener.close()
+    await asyncio.gather(engine.stop(), connections.close_all(CLOSE_GRACE_S))
     await runner.cleanup()
+
+
+async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connections, asyncio.Server]:
+    """Listen as aiohttp's TCPSite does, with each connection a ``GatewayConnection``.
+
+    The cap on connections is kept under the descriptor limit, and each connection's head has its
+    deadline (gateway/connections.py).
+    """
+    server = config.server
+    assert runner.server is not None, "runner.setup() makes the server"
+    manager = runner.server
+    connections = Connections(server.header_timeout_s, connection_cap(server.max_connections, descriptor_limit()))
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(
+        lambda: JsonErrorConnection(manager, connections, loop=loop, access_log=None),
+        server.host,
+        server.port,
+        backlog=128,  # aiohttp's TCPSite default
+    )
+    return connections, listener

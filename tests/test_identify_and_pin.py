@@ -36,9 +36,11 @@ def test_pin_and_release_cores(tmp_path):
             assert response.status_code == 400, bad
             assert "cores" in response.json()["error"]
         assert requests.put(f"{gateway.base}/admin/models/nope/cores", json={"cores": 1}, timeout=10).status_code == 404
-        # More than the node has: the supervisor fits it to the node (eta < 1).
-        pinned = requests.put(url, json={"cores": 4.0}, timeout=10).json()
-        assert pinned["pinned_cores"] == 4.0 and pinned["executors"][0]["cores"] == 1.5
+        # More than the node has means nothing: refused, naming the bound.
+        too_many = requests.put(url, json={"cores": 4.0}, timeout=10)
+        assert too_many.status_code == 400 and "cpu_cores" in too_many.json()["error"]
+        pinned = requests.put(url, json={"cores": 1.5}, timeout=10).json()
+        assert pinned["pinned_cores"] == 1.5 and pinned["executors"][0]["cores"] == 1.5
         released = requests.put(url, json={"cores": None}, timeout=10).json()
         assert released["pinned_cores"] is None
         node = requests.get(f"{gateway.base}/admin/node", timeout=10).json()

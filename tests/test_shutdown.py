@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import signal
+import threading
 import time
 
 import aiohttp
@@ -64,3 +66,77 @@ async def test_a_backlog_that_fits_the_drain_is_served_in_full(tmp_path, sig):
         assert [status for status, _, _ in answers] == [200] * 20
         assert gateway.process.wait(timeout=20) == 0
         assert "shutting down: draining" in gateway.output()
+
+
+def keep_alive_client(port: int, answers: list[tuple[int, str] | str], until: float) -> None:
+    """Infer requests in a loop on one keep-alive connection, until the gateway says it closes it.
+
+    The body follows the headers a moment later, as it can from aiohttp's client: an answer may
+    leave before it. Each request leaves one entry: (status, Connection header) for an answer,
+    else the error.
+    """
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        while time.monotonic() < until:
+            try:
+                connection.putrequest("POST", "/v2/models/busy/infer")
+                connection.putheader("Content-Type", "application/json")
+                connection.putheader("Content-Length", str(len(BODY)))
+                connection.endheaders()
+                time.sleep(0.005)
+                connection.send(BODY)
+                response = connection.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException) as error:
+                answers.append(f"no answer: {error!r}")
+                return
+            answers.append((response.status, response.getheader("Connection", "")))
+            if response.will_close:
+                return
+    finally:
+        connection.close()
+
+
+def test_sigterm_under_keep_alive_load_answers_every_request_and_exits_within_the_drain_plus_1s(tmp_path):
+    drain_s = 3.0
+    # 0.1 core and ~7 ms of CPU a request: 16 clients keep ~1 s of requests in flight.
+    with run_gateway(
+        busy_config(tmp_path, sla_ms=10_000, max_batch_size=1, cores=0.1, server=f"drain_timeout_s = {drain_s}")
+    ) as gateway:
+        until = time.monotonic() + 30
+        looping: list[list[tuple[int, str] | str]] = [[] for _ in range(16)]
+        clients = [threading.Thread(target=keep_alive_client, args=(gateway.port, mine, until)) for mine in looping]
+        for client in clients:
+            client.start()
+        # One more keep-alive connection, idle when the signal comes: it sends during the drain.
+        idle = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+        idle.request("POST", "/v2/models/busy/infer", body=BODY)
+        first = idle.getresponse()
+        assert first.status == 200 and first.read()
+        deadline = time.monotonic() + 20
+        while not all(len(mine) >= 2 for mine in looping) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        gateway.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        try:
+            idle.request("POST", "/v2/models/busy/infer", body=BODY)
+            late = idle.getresponse()
+            late_answer: tuple[int, str, bytes] | str = late.status, late.getheader("Connection", ""), late.read()
+        except (OSError, http.client.HTTPException) as error:
+            late_answer = f"no answer: {error!r}"
+        idle.close()
+        code = gateway.process.wait(timeout=30)
+        exited = time.monotonic() - signalled
+        for client in clients:
+            client.join(timeout=30)
+        assert not any(client.is_alive() for client in clients)
+    assert code == 0
+    assert exited < drain_s + 1.0, f"exited {exited:.2f} s after SIGTERM"
+    assert late_answer[:2] == (503, "close") and b"shutting down" in late_answer[2], late_answer  # an idle connection too
+    for mine in looping:
+        # Every request had an answer, and the gateway said when it closed the connection.
+        assert all(isinstance(a, tuple) for a in mine), [a for a in mine if not isinstance(a, tuple)]
+        assert all(status == 200 for status, _ in mine[:-1]), mine
+        last_status, last_connection = mine[-1]
+        assert last_status in (200, 503) and last_connection.lower() == "close", mine

@@ -32,6 +32,12 @@ DEFAULT_MAX_JSON_DEPTH = 32
 DEFAULT_MAX_ELEMENTS = 16 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT_MS = 60_000.0
 DEFAULT_DRAIN_TIMEOUT_S = 10.0
+# A KServe client writes its request line and headers at once; nginx's client_header_timeout is
+# 60 s and Apache's mod_reqtimeout 20-40 s for browsers on slow links, the gateway's clients are
+# programs on a data-centre network.
+DEFAULT_HEADER_TIMEOUT_S = 5.0
+# Under the usual descriptor limit of 1024, which lowers it further (gateway/connections.py).
+DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_MAX_QUEUE_SIZE = 1024
 DEFAULT_MAX_BATCH_SIZE = 32
 # ROMA's own controller clamps at 0.1 core: less leaves a model unable to answer at all.
@@ -90,6 +96,12 @@ class ServerConfig:
     microseconds as Triton reads it) is capped by this, which also applies when it gives none."""
     drain_timeout_s: PositiveFloat = DEFAULT_DRAIN_TIMEOUT_S
     """On SIGTERM/SIGINT, how long the requests in flight may take to finish."""
+    header_timeout_s: PositiveFloat = DEFAULT_HEADER_TIMEOUT_S
+    """A connection that has not sent a full request line and headers this long after its accept,
+    or after the first byte of its next request, is closed (slowloris)."""
+    max_connections: PositiveInt = DEFAULT_MAX_CONNECTIONS
+    """Most connections open at once, lowered to stay under the descriptor limit (``ulimit -n``);
+    at the cap, the one that has waited longest without a request in progress is closed."""
     admin_token: str | None = None
     """Bearer token of the admin API; the environment's GATEWAY_ADMIN_TOKEN wins."""
     data_token: str | None = None

@@ -1,0 +1,169 @@
+"""Connections: a deadline on each request head, a cap on open connections (slowloris)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+from gateway.connections import ConnectionTable, connection_cap
+from tests.helpers import ROOT, Gateway, free_port, write_config
+
+# -- the rules, on a fake clock -------------------------------------------------------------------
+
+
+def test_a_head_is_due_within_the_timeout_of_the_accept():
+    table: ConnectionTable[str] = ConnectionTable(header_timeout_s=5, max_connections=10)
+    assert table.opened("a", now=0.0) == []
+    table.opened("b", now=1.0)
+    assert table.next_deadline() == 5.0
+    table.head_bytes("a", now=2.0)  # dribbled bytes do not move the deadline
+    assert table.expired(now=4.9) == []
+    assert table.expired(now=5.0) == ["a"]
+    assert table.next_deadline() == 6.0
+    table.head_done("b")
+    assert table.expired(now=100.0) == [] and table.next_deadline() is None
+    assert len(table) == 1
+
+
+def test_a_keep_alive_connection_is_not_timed_until_its_next_request_begins():
+    table: ConnectionTable[str] = ConnectionTable(header_timeout_s=5, max_connections=10)
+    table.opened("a", now=0.0)
+    table.head_done("a")
+    table.answered("a", now=1.0)
+    assert table.next_deadline() is None and table.expired(now=50.0) == []  # idle: aiohttp's keep-alive timeout
+    table.head_bytes("a", now=60.0)  # first byte of the next head
+    assert table.expired(now=64.9) == []
+    assert table.expired(now=65.0) == ["a"]
+
+
+def test_pipelined_heads_keep_a_connection_busy_until_each_is_answered():
+    table: ConnectionTable[str] = ConnectionTable(header_timeout_s=5, max_connections=10)
+    table.opened("a", now=0.0)
+    table.head_done("a")
+    table.head_done("a")
+    table.answered("a", now=1.0)
+    table.head_bytes("a", now=2.0)  # the body of the second request, not a head
+    assert table.next_deadline() is None
+    table.answered("a", now=3.0)
+    table.head_bytes("a", now=4.0)
+    assert table.next_deadline() == 9.0
+
+
+def test_at_the_cap_the_longest_waiting_connection_without_a_request_is_closed():
+    table: ConnectionTable[str] = ConnectionTable(header_timeout_s=5, max_connections=3)
+    table.opened("busy", now=0.0)
+    table.head_done("busy")
+    table.opened("idle", now=1.0)
+    table.head_done("idle")
+    table.opened("head", now=2.0)  # its head due since 2
+    table.answered("idle", now=3.0)  # idle since 3: it has waited less
+    assert table.opened("new", now=4.0) == ["head"]
+    assert table.opened("newer", now=5.0) == ["idle"]
+    # Every other connection serves a request: the newcomer is the one closed.
+    table.head_done("newer")
+    assert table.opened("newest", now=6.0) == ["new"]
+    table.head_done("newest")
+    assert table.opened("last", now=7.0) == ["last"]
+    assert "last" not in table and len(table) == 3
+    table.answered("last", now=8.0)  # a late event of a closed connection changes nothing
+    table.head_done("last")
+    assert "last" not in table
+
+
+def test_the_cap_stays_under_the_descriptor_limit():
+    assert connection_cap(1000, None) == 1000
+    assert connection_cap(1000, 20000) == 1000
+    assert connection_cap(1000, 1024) == 960
+    assert connection_cap(1000, 256) == 192
+    assert connection_cap(1000, 40) == 30
+    assert connection_cap(10, 256) == 10
+
+
+# -- slowloris against the real gateway -------------------------------------------------------------
+
+DESCRIPTORS = 256
+HEADER_TIMEOUT_S = 2.0
+SLOW_CLIENTS = 300
+BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]})
+
+
+@contextlib.contextmanager
+def gateway_with_descriptor_limit(config: Path, limit: int) -> Iterator[Gateway]:
+    """`gateway serve` as run_gateway starts it, under ``ulimit -n limit``."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    port = free_port()
+    log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard)),
+        )
+    gateway = Gateway(config, port, process, log)
+    try:
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Dribble one more header byte, then see whether the gateway has closed the connection."""
+    try:
+        sock.send(b"x")
+        return sock.recv(1) == b""  # the socket does not block: no answer yet raises
+    except BlockingIOError:
+        return False
+    except OSError as error:
+        return error.errno in (errno.ECONNRESET, errno.EPIPE)
+
+
+def test_slowloris_under_a_low_descriptor_limit_neither_holds_off_requests_nor_stays(tmp_models):
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 1000, "max_batch_size": 8}})
+    config.write_text(config.read_text() + f"\n[server]\nheader_timeout_s = {HEADER_TIMEOUT_S}\n")
+    with gateway_with_descriptor_limit(config, DESCRIPTORS) as gateway:
+        slow = []
+        try:
+            # More connections than the gateway has descriptors, each stuck in its headers.
+            for _ in range(SLOW_CLIENTS):
+                sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=2)
+                sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                sock.setblocking(False)
+                slow.append(sock)
+            opened = time.monotonic()
+            # Good requests, each on a new connection, are served while the slow ones are held.
+            for _ in range(5):
+                answer = requests.post(f"{gateway.base}/v2/models/mlp/infer", data=BODY, timeout=5)
+                assert answer.status_code == 200, answer.text
+            assert time.monotonic() - opened < HEADER_TIMEOUT_S
+            held = sum(not closed_by_peer(sock) for sock in slow)
+            assert held >= 100, f"only {held} slow connections were still open"
+            # None outlives its header deadline, though each goes on dribbling.
+            open_ = list(slow)
+            while open_ and time.monotonic() < opened + HEADER_TIMEOUT_S + 3.0:
+                time.sleep(0.25)
+                open_ = [sock for sock in open_ if not closed_by_peer(sock)]
+            assert not open_, f"{len(open_)} slow connections still open {HEADER_TIMEOUT_S + 3} s after they began"
+            assert requests.post(f"{gateway.base}/v2/models/mlp/infer", data=BODY, timeout=5).status_code == 200
+        finally:
+            for sock in slow:
+                sock.close()
+        assert gateway.process.poll() is None, gateway.output()
