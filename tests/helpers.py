@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -199,3 +200,10 @@ def busy_config(folder: Path, *, sla_ms: float, max_batch_size: int, cores: floa
         f"max_batch_size = {max_batch_size}\ncpu = {{ cores = {cores}, threads = 1 }}\n{model}\n"
     )
     return path
+
+
+def metric_value(metrics: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text page (0 when absent), e.g. ``gateway_queue_length``, model="mlp"."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    match = re.search(rf"^{name}\{{{re.escape(wanted)}\}} (\S+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0

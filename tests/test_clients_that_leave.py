@@ -9,21 +9,14 @@ request leaves the queue at once (never run) or, running, is discarded, and coun
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 
 import requests
 
-from tests.helpers import run_gateway
+from tests.helpers import metric_value, run_gateway
 
 ABANDONED = 60
-
-
-def counter(metrics: str, name: str, **labels: str) -> float:
-    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    match = re.search(rf"^{name}\{{{re.escape(wanted)}\}} (\S+)$", metrics, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_requests_of_clients_that_left_are_not_run(tmp_models):
@@ -52,14 +45,14 @@ def test_requests_of_clients_that_left_are_not_run(tmp_models):
         )
         waited = time.perf_counter() - started
         after = gateway.metrics()
-    gone = counter(metrics, "gateway_requests_total", model="mlp", outcome="client_gone")
-    success = counter(metrics, "gateway_requests_total", model="mlp", outcome="success")
+    gone = metric_value(metrics, "gateway_requests_total", model="mlp", outcome="client_gone")
+    success = metric_value(metrics, "gateway_requests_total", model="mlp", outcome="success")
     print(f"client_gone {gone:.0f}, success {success:.0f}, good request {waited * 1000:.1f} ms")
     # Each abandoned request ended as client_gone (a batch already done when its client left
     # may count success); none is left in the queue, and the counts add up.
     assert gone + success == ABANDONED and gone >= ABANDONED - 3
-    assert counter(metrics, "gateway_queue_length", model="mlp") == 0
-    assert counter(metrics, "gateway_requests_in_flight", model="mlp") == 0
+    assert metric_value(metrics, "gateway_queue_length", model="mlp") == 0
+    assert metric_value(metrics, "gateway_requests_in_flight", model="mlp") == 0
     # A good request does not wait behind the dead ones.
     assert good.status_code == 200 and waited < 0.2
-    assert counter(after, "gateway_requests_total", model="mlp", outcome="success") == success + 1
+    assert metric_value(after, "gateway_requests_total", model="mlp", outcome="success") == success + 1

@@ -29,7 +29,7 @@ from collections import Counter
 import psutil
 import requests
 
-from tests.helpers import busy_model, run_gateway
+from tests.helpers import busy_model, metric_value, run_gateway
 
 SECONDS = 40.0
 CLIENTS = 4
@@ -85,12 +85,6 @@ def client(port: int, seed: int, seconds: float) -> dict[str, int]:
     return dict(seen)
 
 
-def counter(metrics: str, name: str, **labels: str) -> float:
-    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    match = re.search(rf"^{name}\{{{re.escape(wanted)}\}} (\S+)$", metrics, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def test_soak_with_mixed_clients_and_a_killed_executor(tmp_path, example_models):
     import shutil
 
@@ -128,7 +122,7 @@ cpu = {{ cores = 0.5, threads = 1 }}
         # Abandoned requests end when their handlers notice; give them a moment.
         for _ in range(50):
             metrics = gateway.metrics()
-            if all(counter(metrics, "gateway_requests_in_flight", model=m) == 0 for m in ("mlp", "busy")):
+            if all(metric_value(metrics, "gateway_requests_in_flight", model=m) == 0 for m in ("mlp", "busy")):
                 break
             time.sleep(0.1)
         rss_growth_mib = (process.memory_info().rss - rss_before) / 2**20
@@ -139,11 +133,11 @@ cpu = {{ cores = 0.5, threads = 1 }}
     assert set(seen) <= {f"{status} {m}" for status in OUTCOMES for m in ("mlp", "busy")} | {"abandoned mlp"}, seen
     for model in ("mlp", "busy"):
         outcomes = {
-            outcome: counter(metrics, "gateway_requests_total", model=model, outcome=outcome)
+            outcome: metric_value(metrics, "gateway_requests_total", model=model, outcome=outcome)
             for outcome in {o for group in OUTCOMES.values() for o in group} | {"client_gone", "internal_error"}
         }
-        received = counter(metrics, "gateway_requests_received_total", model=model)
-        assert counter(metrics, "gateway_requests_in_flight", model=model) == 0
+        received = metric_value(metrics, "gateway_requests_received_total", model=model)
+        assert metric_value(metrics, "gateway_requests_in_flight", model=model) == 0
         assert received == sum(outcomes.values()), (model, received, outcomes)
         assert outcomes["internal_error"] == 0
         abandoned = seen[f"abandoned {model}"]
