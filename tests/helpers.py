@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +64,10 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def run_gateway(config: Path, extra_env: dict[str, str] | None = None) -> Iterator[Gateway]:
+def run_gateway(
+    config: Path, extra_env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None
+) -> Iterator[Gateway]:
+    """`gateway serve` on a free port; ``preexec_fn`` runs in the child first (a resource limit, say)."""
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
     env = dict(os.environ, **(extra_env or {}))
@@ -75,6 +78,7 @@ def run_gateway(config: Path, extra_env: dict[str, str] | None = None) -> Iterat
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env=env,
+            preexec_fn=preexec_fn,
         )
     gateway = Gateway(config, port, process, log)
     try:

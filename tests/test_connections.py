@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import resource
 import socket
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import requests
 
 from gateway.connections import ConnectionTable, connection_cap
-from tests.helpers import ROOT, Gateway, free_port, write_config
+from tests.helpers import run_gateway, write_config
 
 # -- the rules, on a fake clock -------------------------------------------------------------------
 
@@ -98,31 +93,10 @@ SLOW_CLIENTS = 300
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]})
 
 
-@contextlib.contextmanager
-def gateway_with_descriptor_limit(config: Path, limit: int) -> Iterator[Gateway]:
-    """`gateway serve` as run_gateway starts it, under ``ulimit -n limit``."""
+def descriptor_limit_of(limit: int) -> Callable[[], None]:
+    """For run_gateway's preexec_fn: the gateway runs under ``ulimit -n limit``."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    port = free_port()
-    log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard)),
-        )
-    gateway = Gateway(config, port, process, log)
-    try:
-        gateway.wait_ready()
-        yield gateway
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -139,7 +113,7 @@ def closed_by_peer(sock: socket.socket) -> bool:
 def test_slowloris_under_a_low_descriptor_limit_neither_holds_off_requests_nor_stays(tmp_models):
     config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 1000, "max_batch_size": 8}})
     config.write_text(config.read_text() + f"\n[server]\nheader_timeout_s = {HEADER_TIMEOUT_S}\n")
-    with gateway_with_descriptor_limit(config, DESCRIPTORS) as gateway:
+    with run_gateway(config, preexec_fn=descriptor_limit_of(DESCRIPTORS)) as gateway:
         slow = []
         try:
             # More connections than the gateway has descriptors, each stuck in its headers.
