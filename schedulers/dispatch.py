@@ -54,6 +54,10 @@ class Batch:
     rows: int
     started: float
     expected_end: float  # started + the profile's l(rows)
+    # Clockwork's action window (Section 4.4): an executor that would start the batch later than
+    # this refuses it (``on_batch_late``): its earliest deadline could no longer be met. Set on
+    # GPU batches of models that refuse what they cannot finish in time; inf otherwise.
+    latest_start: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,22 @@ class DispatchCore:
                 self.gpu_scheduler.on_completed(batch.model, (now - request.arrival) * 1000)
         return [Finish(batch, live), *self._pump(now)]
 
+    def on_batch_late(self, batch: Batch, now: float) -> list[Action]:
+        """The executor refused ``batch``: it reached it after its ``latest_start`` (Clockwork's
+        late action, Section 4.4). Nothing ran; the live requests go back to their queue in
+        arrival order, to be rescheduled, or refused at once if no device can finish them now."""
+        self._release(batch)
+        state = self.models[batch.model]
+        returned = [r for r in batch.requests if r.state != ENDED]
+        for request in returned:
+            request.state, request.dispatched = QUEUED, None
+        if returned:
+            state.queue.put_back(returned)
+            if self.gpu_scheduler is not None and state.name in self.gpu_scheduler.models:
+                self.gpu_scheduler.on_queue_changed(state.name)
+        reason = "its batch reached the GPU executor after its latest start time and was not run"
+        return self._pump(now, refusal_reason=(state.name, reason))
+
     def on_batch_failed(self, batch: Batch, now: float, status: int, outcome: str, message: str) -> list[Action]:
         self._release(batch)
         live = self._end(batch.requests)
@@ -293,9 +313,9 @@ class DispatchCore:
         return max(1, math.ceil(drain_ms / 1000))
 
     # -- deciding -------------------------------------------------------------------------------
-    def _pump(self, now: float) -> list[Action]:
+    def _pump(self, now: float, refusal_reason: tuple[str, str] | None = None) -> list[Action]:
         actions: list[Action] = []
-        self._refuse_unreachable(now, actions)
+        self._refuse_unreachable(now, actions, refusal_reason)
         if self.gpu_scheduler is not None:
             self._pump_gpus(now, actions)
         self._pump_cpus(now, actions)
@@ -323,7 +343,7 @@ class DispatchCore:
         """When the earliest ready GPU executor can start a batch (None: no GPU is ready)."""
         return min((g.free_at(now) for g in self._gpus if g.ready), default=None)
 
-    def _refuse_unreachable(self, now: float, actions: list[Action]) -> None:
+    def _refuse_unreachable(self, now: float, actions: list[Action], reason: tuple[str, str] | None = None) -> None:
         """Refuse the head requests of ``drop_late`` models that no ready device can finish in time.
 
         A device can finish a request when it could start it at the earliest (now, or when its
@@ -360,7 +380,8 @@ class DispatchCore:
                     self.gpu_scheduler.on_refused(state.name, refused, now)
                 message = (
                     f"model '{state.name}' could not serve this request within its SLA of {state.sla_ms:g} ms "
-                    "(no device could finish it in time); refused before it ran"
+                    f"(no device could finish it in time{'; ' + reason[1] if reason and reason[0] == state.name else ''}); "
+                    "refused before it ran"
                 )
                 actions.append(Fail(tuple(refused), 503, "refused_deadline", message))
 
@@ -455,8 +476,13 @@ class DispatchCore:
     ) -> None:
         rows = sum(r.rows for r in requests)
         profile = state.gpu_profile if executor.device == GPU else state.cpu_profile
-        expected = now + (profile.latency_ms(rows) / 1000 if profile is not None else 0.0)
-        batch = Batch(next(self._batch_ids), state.name, executor.id, executor.device, tuple(requests), rows, now, expected)
+        duration_s = profile.latency_ms(rows) / 1000 if profile is not None else 0.0
+        latest = math.inf
+        if executor.device == GPU and state.drop_late and profile is not None:
+            latest = min(r.deadline for r in requests) - duration_s
+        batch = Batch(
+            next(self._batch_ids), state.name, executor.id, executor.device, tuple(requests), rows, now, now + duration_s, latest
+        )
         for request in requests:
             request.state, request.dispatched = RUNNING, now
         executor.batch = batch

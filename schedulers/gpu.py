@@ -37,6 +37,9 @@ from schedulers.rate import ArrivalRate
 from schedulers.request import Request, RequestQueue
 
 POLICIES = ("deferral", "roma", "work_conserving", "edf", "round_robin")
+DEFAULT_POLICY = "deferral"
+# The papers' GPU policies that the default is measured against (gateway simulate --goodput).
+BASELINES = ("deferral", "work_conserving", "edf", "roma")
 # ROMA's authors average the last 50 completed requests for the measured response time.
 RECENT = 50
 
@@ -94,6 +97,9 @@ class GpuScheduler:
     # -- events -----------------------------------------------------------------------------
     def on_arrival(self, model: str, now: float) -> None:
         self.models[model].rate.observe(now)
+
+    def on_queue_changed(self, model: str) -> None:
+        """Requests left the model's queue or came back to it other than by arrival or dispatch."""
 
     def on_batch_done(self, model: str, rows: int, latency_ms: float) -> None:
         self.models[model].profile.observe(rows, latency_ms)

@@ -65,6 +65,14 @@ class RequestQueue:
         self._count(request, -1)
         return request
 
+    def put_back(self, requests: Iterable[Request]) -> None:
+        """Return requests taken out (a batch that never ran) to their places in arrival order."""
+        merged = sorted([*self.items, *requests], key=lambda r: (r.arrival, r.id))
+        self.items.clear()
+        self.rows, self.arrival_sum = 0, 0.0
+        for request in merged:
+            self.append(request)
+
     def remove(self, request: Request) -> None:
         self.items.remove(request)
         self._count(request, -1)

@@ -20,7 +20,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import AfterValidator, ConfigDict, Field, with_config
 
 from controllers.pi import DEFAULT_GAIN, DEFAULT_POLE, DEFAULT_ZERO
-from schedulers.gpu import POLICIES
+from schedulers.gpu import DEFAULT_POLICY, POLICIES
 
 DEFAULT_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
@@ -130,7 +130,7 @@ class GpuTable:
 
     executor: GpuExecutor = "cuda"
     """cuda (ONNX Runtime's CUDA provider) or emulated (each batch held for the profile's l(b))."""
-    policy: GpuPolicy = "deferral"
+    policy: GpuPolicy = DEFAULT_POLICY
     queue_weight: Share = 0.5
     """ROMA's beta: weight of the queue's estimate against the measured response time."""
     profile: Path | None = None
