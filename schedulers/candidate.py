@@ -3,22 +3,27 @@
 For the queue of a model (FIFO, so deadlines ascend) and the time ``start`` at which a GPU could
 start it, the candidate is the longest prefix of at most ``max_batch`` requests that can finish
 by the earliest deadline among them: start + l(|reqs|) <= dl(reqs). Requests that cannot finish
-even alone are *hopeless*: they are left out of the candidate (they stay queued for a CPU
-executor, and the dispatch core refuses what no device can finish; schedulers/dispatch.py).
+even alone are *hopeless*: they are left out of the candidate (Symphony's pruning, as Clipper's;
+they stay queued for a CPU executor, and the dispatch core refuses what no device can finish).
 
     sched_at      = dl(reqs) - l(|reqs| + 1)    the last moment to grow the batch by one
     invalid_after = dl(reqs) - l(|reqs|)        past this the candidate itself misses
 
-Under overload the head of the queue has little slack left, and cutting every batch to the
-head's deadline makes batches of one or two that waste the GPU on fixed costs, so the queue
-falls further behind and goodput collapses (measured: docs/BENCHMARKS.md). The candidate
-therefore also leaves out the first few requests when skipping them lets one batch serve more
-requests in time than they are (``early_drop``): a request is dropped only to save more than
-itself, and never while the head's own deadline leaves room for the whole queue.
-
 A candidate is schedulable (the non-work-conserving rule) when it holds at least beta x lambda
-requests (beta: the profile's fixed cost, lambda: the arrival rate), or when now >= sched_at;
-a work-conserving scheduler treats every candidate as schedulable.
+requests (beta: the profile's fixed cost, lambda: the arrival rate), when it cannot grow (full,
+or the next queued request does not fit), or when now >= sched_at; a work-conserving scheduler
+treats every candidate as schedulable.
+
+Candidates are kept, not rebuilt per decision (Symphony's ModelThread, Section 4.5): an arrival
+grows the candidate in O(1) (``grow``) when the new request fits, and a candidate is formed
+anew (``form_candidate``) only when requests leave the queue or the candidate expires.
+
+``early_drop`` is our own rule, not the paper's (the default policy uses it, the baselines do
+not): under overload the head of the queue has little slack left, and cutting every batch to
+the head's deadline makes batches of one or two that waste the GPU on fixed costs. The
+candidate then also leaves out the first few requests when skipping them lets one batch serve
+more requests in time than they are: a request is dropped only to save more than itself, and
+never while the head's own deadline leaves room for the whole queue.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from schedulers.request import Request
 EPSILON_S = 1e-9
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Candidate:
     model: str
     size: int  # requests in the batch, taken from the queue after the first ``skip``
@@ -48,6 +53,7 @@ class Candidate:
     # refuses only what no device can finish in time.
     skip: int = 0
     hopeless: int = 0
+    full: bool = False  # it cannot grow: at the batch limit, or the next request did not fit
 
 
 def hopeless_count(queue: Sequence[Request], profile: LatencyProfile, start: float) -> int:
@@ -80,6 +86,8 @@ def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, st
     if left <= 0:
         return 0
     best_skip, best_net = 0, min(left, batch_capacity(queue[first], profile, start, max_batch))
+    if best_net >= left:
+        return 0  # the head's deadline leaves room for the whole queue
     for skip, request in enumerate(itertools.islice(queue, first + 1, first + min(left, EARLY_DROP_SCAN)), start=1):
         net = min(left - skip, batch_capacity(request, profile, start, max_batch)) - skip
         if net > best_net:
@@ -98,17 +106,21 @@ def form_candidate(
     arrival_rate: float,
     defer: bool,
     prune: bool = True,
+    drop_early: bool = False,
 ) -> Candidate | None:
     """The candidate of ``queue`` for a GPU free at ``start`` (>= now), or None if it is empty.
 
     With ``prune`` the hopeless head is left out and the batch is cut to what meets the
     earliest deadline; without it (a model configured to serve late rather than refuse) the
-    batch is simply the first ``max_batch`` rows.
+    batch is simply the first ``max_batch`` rows. ``drop_early`` adds our early drop.
     """
     hopeless = hopeless_count(queue, profile, start) if prune else 0
-    skip = hopeless + (early_drop(queue, hopeless, profile, start, max_batch) if prune else 0)
+    skip = hopeless + (early_drop(queue, hopeless, profile, start, max_batch) if prune and drop_early else 0)
     if skip >= len(queue):
-        return Candidate(model, 0, 0, float("inf"), float("inf"), float("inf"), False, skip, hopeless) if skip else None
+        if not skip:
+            return None
+        inf = float("inf")
+        return Candidate(model, 0, 0, inf, inf, inf, False, skip, hopeless, full=True)
     deadline = queue[skip].deadline
     size, rows = 0, 0
     for request in itertools.islice(queue, skip, None):
@@ -118,9 +130,39 @@ def form_candidate(
             break
         size += 1
         rows += request.rows
-    sched_at = deadline - profile.latency_ms(rows + 1) / 1000
-    invalid_after = deadline - profile.latency_ms(rows) / 1000
-    full = rows >= max_batch or skip + size < len(queue)  # it cannot grow any more
+    full = rows >= max_batch or skip + size < len(queue)
+    candidate = Candidate(model, size, rows, deadline, 0.0, 0.0, False, skip, hopeless, full)
+    _time(candidate, profile, now, arrival_rate, defer)
+    return candidate
+
+
+def grow(
+    candidate: Candidate,
+    request: Request,
+    profile: LatencyProfile,
+    *,
+    max_batch: int,
+    now: float,
+    arrival_rate: float,
+    defer: bool,
+    prune: bool,
+) -> None:
+    """``request`` joined the queue right behind ``candidate`` (not full): take it in if it fits, else the candidate is full."""
+    rows = candidate.rows + request.rows
+    if rows > max_batch or (prune and now + profile.latency_ms(rows) / 1000 > candidate.deadline):
+        candidate.full = True
+        candidate.schedulable = True
+        return
+    candidate.size += 1
+    candidate.rows = rows
+    candidate.full = rows >= max_batch
+    _time(candidate, profile, now, arrival_rate, defer)
+
+
+def _time(candidate: Candidate, profile: LatencyProfile, now: float, arrival_rate: float, defer: bool) -> None:
+    """sched_at, invalid_after and whether the candidate is schedulable now (Section 4.3)."""
+    rows = candidate.rows
+    candidate.sched_at = candidate.deadline - profile.latency_ms(rows + 1) / 1000
+    candidate.invalid_after = candidate.deadline - profile.latency_ms(rows) / 1000
     enough = rows >= profile.fixed_ms / 1000 * arrival_rate
-    schedulable = (not defer) or full or enough or now >= sched_at - EPSILON_S
-    return Candidate(model, size, rows, deadline, sched_at, invalid_after, schedulable, skip, hopeless)
+    candidate.schedulable = (not defer) or candidate.full or enough or now >= candidate.sched_at - EPSILON_S

@@ -41,6 +41,7 @@ from schedulers.round_robin import RandomRoundRobin
 CPU, GPU = "cpu", "gpu"
 # Float seconds: a timer set for t must find what is due at t.
 EPSILON_S = 1e-9
+REFUSAL_MARGIN_S = 1e-6
 
 
 # -- what the core hands out --------------------------------------------------------------------
@@ -108,6 +109,8 @@ class ModelState:
     gpu_profile: LatencyProfile | None = None
     queue: RequestQueue = field(default_factory=RequestQueue)
     cpu_executors: list[ExecutorState] = field(default_factory=list)
+    on_gpus: bool = False  # the GPU scheduler serves it
+    watched: Request | None = None  # the head whose refusal time is in the core's heap
 
 
 @dataclass
@@ -137,7 +140,14 @@ class DispatchCore:
         self.models: dict[str, ModelState] = {}
         self.executors: dict[str, ExecutorState] = {}
         self._gpus: list[ExecutorState] = []
+        self._idle_gpus: dict[str, ExecutorState] = {}  # ready and without a batch, in the order they became so
+        self._gpu_ends: list[tuple[float, int, ExecutorState]] = []  # (expected end, batch id, GPU) of batches started
+        self._cpu_models: list[ModelState] = []  # models with CPU executors
         self._timeouts: list[tuple[float, int, Request]] = []
+        # The time past which each model's head request can be finished by no device, so that
+        # a head that time has made hopeless is refused even when nothing else happens to it.
+        self._refusals: list[tuple[float, int, Request]] = []
+        self._touched: dict[str, ModelState] = {}  # models whose queues changed since the last pump
         self._deferral_at = math.inf  # the GPU scheduler's WaitUntil
         self._wake_asked = math.inf  # the earliest WakeAt handed out and not yet fired
         self._batch_ids = itertools.count(1)
@@ -157,8 +167,11 @@ class DispatchCore:
         state = ModelState(name, sla_ms, max_batch, max_queue_size, drop_late, cpu_profile, gpu_profile)
         state.cpu_executors = [e for e in self.executors.values() if e.model == name]
         self.models[name] = state
+        if state.cpu_executors:
+            self._cpu_models.append(state)
         if self.gpu_scheduler is not None and gpu_profile is not None:
-            self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late)
+            self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late, state.queue)
+            state.on_gpus = True
 
     def add_executor(self, executor_id: str, device: str, model: str | None = None) -> None:
         """A CPU executor of ``model``, or (``device`` "gpu", no model) a GPU executor of every model."""
@@ -167,7 +180,10 @@ class DispatchCore:
         if device == GPU:
             self._gpus.append(executor)
         elif model in self.models:
-            self.models[model].cpu_executors.append(executor)
+            state = self.models[model]
+            state.cpu_executors.append(executor)
+            if state not in self._cpu_models:
+                self._cpu_models.append(state)
 
     def set_sla(self, model: str, sla_ms: float) -> None:
         """Requests that arrive from now on get the new SLA; those queued keep their deadline."""
@@ -189,10 +205,9 @@ class DispatchCore:
             )
             return [Fail((request,), 429, "queue_full", message, (("Retry-After", str(retry_after)),))]
         if state.drop_late:
-            profiles = self._device_profiles(state)
-            if profiles and not admissible(request, now, profiles):
+            fastest = self._fastest_ms(state, request.rows)
+            if fastest is not None and not admissible(request, now, fastest):
                 request.state = ENDED
-                fastest = min(p.latency_ms(request.rows) for p in profiles)
                 message = (
                     f"model '{state.name}' cannot answer within its SLA of {state.sla_ms:g} ms: the fastest device "
                     f"needs {fastest:.1f} ms for this request; refused before any work was done"
@@ -205,19 +220,25 @@ class DispatchCore:
         request.state = QUEUED
         heapq.heappush(self._timeouts, (request.timeout_at, request.id, request))
         state.queue.append(request)
-        if self.gpu_scheduler is not None and state.name in self.gpu_scheduler.models:
-            self.gpu_scheduler.on_arrival(state.name, now)
+        if state.on_gpus:
+            self.gpu_scheduler.on_arrival(state.name, now, request)
+        self._touched[state.name] = state
         return self._pump(now)
 
     def set_executor_ready(self, executor_id: str, ready: bool, now: float) -> list[Action]:
-        self.executors[executor_id].ready = ready
+        executor = self.executors[executor_id]
+        executor.ready = ready
+        if executor.device == GPU:
+            self._gpu_changed(executor)
+        # Which device can finish what has changed for every model.
+        self._touched.update((name, state) for name, state in self.models.items() if state.queue)
         return self._pump(now)
 
     def on_batch_done(self, batch: Batch, compute_ms: float, now: float) -> list[Action]:
         """``batch`` ran in ``compute_ms`` on its executor: its live requests are answered, the profile learns."""
         self._release(batch)
         state = self.models[batch.model]
-        gpu_model = self.gpu_scheduler is not None and batch.model in self.gpu_scheduler.models
+        gpu_model = state.on_gpus
         if batch.device == GPU and gpu_model:
             self.gpu_scheduler.on_batch_done(batch.model, batch.rows, compute_ms)
         elif batch.device == CPU and state.cpu_profile is not None:
@@ -239,8 +260,7 @@ class DispatchCore:
             request.state, request.dispatched = QUEUED, None
         if returned:
             state.queue.put_back(returned)
-            if self.gpu_scheduler is not None and state.name in self.gpu_scheduler.models:
-                self.gpu_scheduler.on_queue_changed(state.name)
+            self._queue_changed(state, now)
         reason = "its batch reached the GPU executor after its latest start time and was not run"
         return self._pump(now, refusal_reason=(state.name, reason))
 
@@ -258,7 +278,9 @@ class DispatchCore:
             if request.state == ENDED:
                 continue
             if request.state == QUEUED:
-                self.models[request.model].queue.remove(request)
+                state = self.models[request.model]
+                state.queue.remove(request)
+                self._queue_changed(state, now)
                 where = "waiting in the queue; it was not run"
             else:
                 where = "while its batch ran; the result is discarded"
@@ -271,7 +293,9 @@ class DispatchCore:
         """Its client has gone: a queued request leaves the queue at once (never run, its slot
         free); a running one ends now and its result is discarded when the batch ends."""
         if request.state == QUEUED:
-            self.models[request.model].queue.remove(request)
+            state = self.models[request.model]
+            state.queue.remove(request)
+            self._queue_changed(state, now)
         elif request.state != RUNNING:
             return []
         request.state = ENDED
@@ -283,6 +307,8 @@ class DispatchCore:
         for state in self.models.values():
             while state.queue:
                 queued.append(state.queue.popleft())
+            if state.on_gpus:
+                self.gpu_scheduler.on_queue_changed(state.name, 0.0)
         self._end(queued)
         return [Fail(tuple(queued), 503, "shutdown", "the gateway is shutting down")] if queued else []
 
@@ -315,33 +341,90 @@ class DispatchCore:
     # -- deciding -------------------------------------------------------------------------------
     def _pump(self, now: float, refusal_reason: tuple[str, str] | None = None) -> list[Action]:
         actions: list[Action] = []
-        self._refuse_unreachable(now, actions, refusal_reason)
-        if self.gpu_scheduler is not None:
+        if self._touched or (self._refusals and self._refusals[0][0] <= now + EPSILON_S):
+            self._refuse_unreachable(now, actions, refusal_reason)
+        if self.gpu_scheduler is not None and self._idle_gpus:
             self._pump_gpus(now, actions)
-        self._pump_cpus(now, actions)
-        wake = min(self._deferral_at, self._next_timeout())
+        else:
+            self._deferral_at = math.inf  # a batch end will ask again
+        if self._cpu_models:
+            self._pump_cpus(now, actions)
+        if self._touched:
+            self._watch_heads()
+        wake = min(self._deferral_at, self._next_timeout(), self._next_refusal())
         if wake < self._wake_asked:
             self._wake_asked = wake
             actions.append(WakeAt(wake))
         return actions
+
+    def _queue_changed(self, state: ModelState, now: float) -> None:
+        """Requests left ``state``'s queue (or came back to it) other than by arrival."""
+        self._touched[state.name] = state
+        if state.on_gpus:
+            self.gpu_scheduler.on_queue_changed(state.name, now)
 
     def _next_timeout(self) -> float:
         while self._timeouts and self._timeouts[0][2].state == ENDED:
             heapq.heappop(self._timeouts)
         return self._timeouts[0][0] if self._timeouts else math.inf
 
-    def _device_profiles(self, state: ModelState) -> list[LatencyProfile]:
-        """The profiles of the devices that serve the model at all."""
-        profiles = []
-        if state.cpu_profile is not None and state.cpu_executors:
-            profiles.append(state.cpu_profile)
-        if state.gpu_profile is not None and self._gpus:
-            profiles.append(state.gpu_profile)
-        return profiles
+    def _watch_heads(self) -> None:
+        """Put the new head request of every model touched in this pump into the refusal heap."""
+        for state in self._touched.values():
+            if not state.drop_late or not state.queue or state.queue[0] is state.watched:
+                continue
+            head = state.queue[0]
+            fastest_ms = self._fastest_ms(state, head.rows)
+            if fastest_ms is not None:
+                state.watched = head
+                last_start = head.deadline - fastest_ms / 1000
+                # Just past it, so that the head is certain to be out of reach when it is looked at.
+                heapq.heappush(self._refusals, (last_start + REFUSAL_MARGIN_S, head.id, head))
+        self._touched.clear()
+
+    def _next_refusal(self) -> float:
+        refusals = self._refusals
+        while refusals and not self._is_head(refusals[0][2]):
+            heapq.heappop(refusals)
+        return refusals[0][0] if refusals else math.inf
+
+    def _is_head(self, request: Request) -> bool:
+        queue = self.models[request.model].queue
+        return request.state == QUEUED and bool(queue) and queue[0] is request
+
+    def _fastest_ms(self, state: ModelState, rows: int) -> float | None:
+        """l(rows) on the fastest device that serves the model (None: none does)."""
+        on_gpu = state.gpu_profile.latency_ms(rows) if state.gpu_profile is not None and self._gpus else None
+        if state.cpu_profile is None or not state.cpu_executors:
+            return on_gpu
+        on_cpu = state.cpu_profile.latency_ms(rows)
+        return on_cpu if on_gpu is None else min(on_cpu, on_gpu)
+
+    def _gpu_changed(self, gpu: ExecutorState) -> None:
+        """A GPU executor started or ended a batch, or came up or went down."""
+        if gpu.batch is not None:
+            heapq.heappush(self._gpu_ends, (gpu.batch.expected_end, gpu.batch.id, gpu))
+        if gpu.ready and gpu.batch is None:
+            self._idle_gpus[gpu.id] = gpu
+        else:
+            self._idle_gpus.pop(gpu.id, None)
 
     def _gpu_start(self, now: float) -> float | None:
         """When the earliest ready GPU executor can start a batch (None: no GPU is ready)."""
-        return min((g.free_at(now) for g in self._gpus if g.ready), default=None)
+        if self._idle_gpus:
+            return now
+        ends = self._gpu_ends
+        # Entries of batches that ended, or of GPUs gone down, are dropped as they come to the top.
+        while ends:
+            end, batch_id, gpu = ends[0]
+            batch = gpu.batch
+            if gpu.ready and batch is not None and batch.id == batch_id:
+                if batch.expected_end == end:
+                    return max(now, end)
+                heapq.heapreplace(ends, (batch.expected_end, batch_id, gpu))  # its end was moved
+            else:
+                heapq.heappop(ends)
+        return None
 
     def _refuse_unreachable(self, now: float, actions: list[Action], reason: tuple[str, str] | None = None) -> None:
         """Refuse the head requests of ``drop_late`` models that no ready device can finish in time.
@@ -349,16 +432,28 @@ class DispatchCore:
         A device can finish a request when it could start it at the earliest (now, or when its
         batch in flight ends) and end it by the deadline, on its profile. Requests the GPU
         cannot finish but a CPU executor can are left queued: the CPU takes them (spill). With
-        no device ready at all, requests wait for one (or for their timeout).
+        no device ready at all, requests wait for one (or for their timeout). Only the models
+        whose queues changed since the last look, and those whose head's last start time has
+        come (the refusal heap), are looked at.
         """
+        due = self._touched
+        refusals = self._refusals
+        while refusals and refusals[0][0] <= now + EPSILON_S:
+            _, _, head = heapq.heappop(refusals)
+            if self._is_head(head):
+                state = self.models[head.model]
+                state.watched = None  # watched anew if it stays (a profile that learned a lower l(b))
+                due[head.model] = state
         gpu_start: float | None = None
         gpu_known = self.gpu_scheduler is None
-        for state in self.models.values():
+        for state in list(due.values()):
             if not state.drop_late or not state.queue:
                 continue
             if not gpu_known:
                 gpu_start, gpu_known = self._gpu_start(now), True
-            cpu_start = min((e.free_at(now) for e in state.cpu_executors if e.ready), default=None)
+            cpu_start = (
+                min((e.free_at(now) for e in state.cpu_executors if e.ready), default=None) if state.cpu_executors else None
+            )
             gpu_on = gpu_start if state.gpu_profile is not None else None
             if cpu_start is None and gpu_on is None:
                 continue
@@ -376,8 +471,9 @@ class DispatchCore:
                 refused.append(state.queue.popleft())
             if refused:
                 self._end(refused)
-                if self.gpu_scheduler is not None and state.name in self.gpu_scheduler.models:
+                if state.on_gpus:
                     self.gpu_scheduler.on_refused(state.name, refused, now)
+                    self.gpu_scheduler.on_queue_changed(state.name, now)
                 message = (
                     f"model '{state.name}' could not serve this request within its SLA of {state.sla_ms:g} ms "
                     f"(no device could finish it in time{'; ' + reason[1] if reason and reason[0] == state.name else ''}); "
@@ -388,23 +484,17 @@ class DispatchCore:
     def _pump_gpus(self, now: float, actions: list[Action]) -> None:
         assert self.gpu_scheduler is not None
         self._deferral_at = math.inf
-        free = [g for g in self._gpus if g.ready and g.batch is None]
-        if not free:
-            return  # a batch end will ask again
-        queues = {name: s.queue for name, s in self.models.items() if s.queue and name in self.gpu_scheduler.models}
-        for gpu in free:
-            if not queues:
-                return
-            decision = self.gpu_scheduler.decide(now, gpu.id, now, queues)
+        while self._idle_gpus:
+            gpu = next(iter(self._idle_gpus.values()))
+            decision = self.gpu_scheduler.decide(now, gpu.id, now)
             if decision is None:
                 return
             if isinstance(decision, WaitUntil):
-                self._deferral_at = decision.time  # no other free GPU would get another answer
+                self._deferral_at = decision.time  # no other idle GPU would get another answer
                 return
             state = self.models[decision.model]
             self._start(gpu, state, self._take(state, decision), now, actions)
-            if not state.queue:
-                del queues[state.name]
+            self._queue_changed(state, now)
 
     def _take(self, state: ModelState, decision: Dispatch) -> list[Request]:
         """Take the dispatched requests out of the queue (those skipped at its head stay in front).
@@ -427,12 +517,12 @@ class DispatchCore:
     def _pump_cpus(self, now: float, actions: list[Action]) -> None:
         waiting: dict[str, int] = {}
         free: dict[str, list[str]] = {}
-        for name, state in self.models.items():
+        for state in self._cpu_models:
             if not state.queue:
                 continue
             idle = [e.id for e in state.cpu_executors if e.ready and e.batch is None]
             if idle and (share := self._cpu_share(state, now)):
-                waiting[name], free[name] = share, idle
+                waiting[state.name], free[state.name] = share, idle
         if not waiting:
             return
         for assign in self.cpu_scheduler.assign(waiting, free):
@@ -442,6 +532,7 @@ class DispatchCore:
                 continue
             limit = min(state.max_batch, sum(r.rows for r in itertools.islice(state.queue, share)))
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
+            self._queue_changed(state, now)
 
     @staticmethod
     def _take_head(queue: RequestQueue, max_rows: int) -> list[Request]:
@@ -486,12 +577,16 @@ class DispatchCore:
         for request in requests:
             request.state, request.dispatched = RUNNING, now
         executor.batch = batch
+        if executor.device == GPU:
+            self._gpu_changed(executor)
         actions.append(Start(batch))
 
     def _release(self, batch: Batch) -> None:
         executor = self.executors[batch.executor]
         if executor.batch is batch:
             executor.batch = None
+            if executor.device == GPU:
+                self._gpu_changed(executor)
 
     @staticmethod
     def _end(requests: Iterable[Request]) -> tuple[Request, ...]:

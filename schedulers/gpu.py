@@ -26,11 +26,12 @@ core (schedulers/dispatch.py) refuses a request only when no device, GPU or CPU,
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from schedulers.candidate import Candidate, form_candidate
+from schedulers.candidate import EPSILON_S, Candidate, form_candidate, grow
 from schedulers.deficit import QUEUE_WEIGHT, SETPOINT_RATIO, deficit, estimated_response_ms, sla_batch
 from schedulers.profiles import LatencyProfile
 from schedulers.rate import ArrivalRate
@@ -38,6 +39,10 @@ from schedulers.request import Request, RequestQueue
 
 POLICIES = ("deferral", "roma", "work_conserving", "edf", "round_robin")
 DEFAULT_POLICY = "deferral"
+# Policies that hold a candidate back until it is schedulable (Symphony's non-work-conserving rule).
+DEFERRING = ("deferral",)
+# Policies that use our early drop (schedulers/candidate.py); the papers' baselines do not.
+DROPPING_EARLY: tuple[str, ...] = ()
 # The papers' GPU policies that the default is measured against (gateway simulate --goodput).
 BASELINES = ("deferral", "work_conserving", "edf", "roma")
 # ROMA's authors average the last 50 completed requests for the measured response time.
@@ -78,28 +83,71 @@ class GpuModel:
     max_batch: int
     profile: LatencyProfile
     drop_late: bool = True
+    queue: RequestQueue = field(default_factory=RequestQueue)
     rate: ArrivalRate = field(default_factory=ArrivalRate)
     recent_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=RECENT))
+    candidate: Candidate | None = None
+    version: int = 0  # bumped on every change of the candidate: older heap entries are stale
 
 
 class GpuScheduler:
-    def __init__(self, policy: str = "deferral", setpoint_ratio: float = SETPOINT_RATIO, queue_weight: float = QUEUE_WEIGHT):
+    """Keeps every model's candidate up to date as requests come and go, and hands a free GPU
+    the best schedulable one (Symphony's ModelThreads and RankThread, Section 4.5, in one
+    thread): an arrival costs O(1), a decision O(schedulable candidates)."""
+
+    def __init__(self, policy: str = DEFAULT_POLICY, setpoint_ratio: float = SETPOINT_RATIO, queue_weight: float = QUEUE_WEIGHT):
         if policy not in POLICIES:
             raise ValueError(f"unknown GPU policy {policy!r} (known: {', '.join(POLICIES)})")
         self.policy = policy
         self.setpoint_ratio, self.queue_weight = setpoint_ratio, queue_weight
         self.models: dict[str, GpuModel] = {}
+        self._defer = policy in DEFERRING
+        self._drop_early = policy in DROPPING_EARLY
+        self._ready: dict[str, Candidate] = {}  # schedulable candidates
+        self._waiting: list[tuple[float, int, str]] = []  # (sched_at, version, model): not yet schedulable
         self._last_served: str | None = None  # round_robin's turn
 
-    def add_model(self, name: str, sla_ms: float, max_batch: int, profile: LatencyProfile, drop_late: bool = True) -> None:
-        self.models[name] = GpuModel(sla_ms, max_batch, profile, drop_late)
+    def add_model(
+        self,
+        name: str,
+        sla_ms: float,
+        max_batch: int,
+        profile: LatencyProfile,
+        drop_late: bool = True,
+        queue: RequestQueue | None = None,
+    ) -> None:
+        """``queue``: the model's queue, read in place (the dispatch core's); requests leave it
+        only through ``Dispatch`` decisions or with a call to ``on_queue_changed``."""
+        self.models[name] = GpuModel(sla_ms, max_batch, profile, drop_late, queue if queue is not None else RequestQueue())
 
     # -- events -----------------------------------------------------------------------------
-    def on_arrival(self, model: str, now: float) -> None:
-        self.models[model].rate.observe(now)
+    def on_arrival(self, model: str, now: float, request: Request | None = None) -> None:
+        """``request`` was appended to the model's queue (None: only count the arrival)."""
+        state = self.models[model]
+        state.rate.observe(now)
+        if request is None:
+            return
+        candidate = state.candidate
+        if candidate is None or candidate.size == 0 or now > candidate.invalid_after:
+            self._form(model, state, now)
+        elif not candidate.full:
+            was_schedulable = candidate.schedulable
+            grow(
+                candidate,
+                request,
+                state.profile,
+                max_batch=state.max_batch,
+                now=now,
+                arrival_rate=state.rate.per_second(now),
+                defer=self._defer,
+                prune=state.drop_late,
+            )
+            if not (was_schedulable and candidate.schedulable):
+                self._place(model, state, candidate)
 
-    def on_queue_changed(self, model: str) -> None:
-        """Requests left the model's queue or came back to it other than by arrival or dispatch."""
+    def on_queue_changed(self, model: str, now: float) -> None:
+        """Requests left the model's queue, or came back to it, other than by arrival: form its candidate anew."""
+        self._form(model, self.models[model], now)
 
     def on_batch_done(self, model: str, rows: int, latency_ms: float) -> None:
         self.models[model].profile.observe(rows, latency_ms)
@@ -114,28 +162,51 @@ class GpuScheduler:
             best_ms = (now - request.arrival) * 1000 + state.profile.latency_ms(request.rows)
             state.recent_ms.append(max(best_ms, state.sla_ms))
 
-    # -- decisions --------------------------------------------------------------------------
-    def candidates(self, now: float, start: float, queues: Mapping[str, RequestQueue]) -> dict[str, Candidate]:
-        out = {}
-        for name, queue in queues.items():
-            if not queue:
-                continue
-            state = self.models[name]
-            candidate = form_candidate(
-                name,
-                queue,
-                state.profile,
-                max_batch=state.max_batch,
-                now=now,
-                start=start,
-                arrival_rate=state.rate.per_second(now),
-                defer=self.policy == "deferral",
-                prune=state.drop_late,
-            )
-            if candidate is not None:
-                out[name] = candidate
-        return out
+    # -- candidates -------------------------------------------------------------------------
+    def _form(self, model: str, state: GpuModel, start: float) -> Candidate | None:
+        candidate = form_candidate(
+            model,
+            state.queue,
+            state.profile,
+            max_batch=state.max_batch,
+            now=start,
+            start=start,
+            arrival_rate=state.rate.per_second(start),
+            defer=self._defer,
+            prune=state.drop_late,
+            drop_early=self._drop_early,
+        )
+        state.candidate = candidate
+        self._place(model, state, candidate)
+        return candidate
 
+    def _place(self, model: str, state: GpuModel, candidate: Candidate | None) -> None:
+        state.version += 1
+        self._ready.pop(model, None)
+        if candidate is None or candidate.size == 0:
+            return
+        if candidate.schedulable:
+            self._ready[model] = candidate
+        else:
+            heapq.heappush(self._waiting, (candidate.sched_at, state.version, model))
+
+    def _due(self, now: float) -> None:
+        """Candidates whose sched_at has come are schedulable now."""
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= now + EPSILON_S:
+            _, version, model = heapq.heappop(waiting)
+            state = self.models[model]
+            if version == state.version and state.candidate is not None:
+                state.candidate.schedulable = True
+                self._ready[model] = state.candidate
+
+    def _next_sched_at(self) -> float | None:
+        waiting = self._waiting
+        while waiting and waiting[0][1] != self.models[waiting[0][2]].version:
+            heapq.heappop(waiting)
+        return waiting[0][0] if waiting else None
+
+    # -- decisions --------------------------------------------------------------------------
     def _next_turn(self, ready: Mapping[str, Candidate]) -> str:
         order = list(self.models)
         start = order.index(self._last_served) + 1 if self._last_served in self.models else 0
@@ -150,34 +221,52 @@ class GpuScheduler:
         measured = sum(state.recent_ms) / len(state.recent_ms) if state.recent_ms else None
         return deficit(estimated, measured, state.sla_ms, self.setpoint_ratio, self.queue_weight)
 
-    def decide(self, now: float, gpu: str, gpu_free_at: float, queues: Mapping[str, RequestQueue]) -> Decision | None:
-        """What ``gpu`` (free at ``gpu_free_at``) should do now: a batch, a wait, or nothing."""
+    def _choose(self, now: float) -> str:
+        ready = self._ready
+        if self.policy in ("deferral", "work_conserving"):
+            return min(ready, key=lambda n: ready[n].sched_at)
+        if self.policy == "edf":
+            return min(ready, key=lambda n: ready[n].deadline)
+        if self.policy == "round_robin":
+            return self._next_turn(ready)
+        deficits = {name: self.model_deficit(name, self.models[name].queue, now) for name in ready}
+        if self.policy == "roma":
+            return min(ready, key=lambda n: (-deficits[n], ready[n].sched_at))
+        value = {n: weighted_value(deficits[n], c.size, self.models[n].profile.latency_ms(c.rows)) for n, c in ready.items()}
+        return min(ready, key=lambda n: (-value[n], ready[n].sched_at))
+
+    def decide(
+        self, now: float, gpu: str, gpu_free_at: float, queues: Mapping[str, RequestQueue] | None = None
+    ) -> Decision | None:
+        """What ``gpu`` (free at ``gpu_free_at``) should do now: a batch, a wait, or nothing.
+
+        ``queues``: for a caller that keeps queues of its own rather than handing them to
+        ``add_model``: the models' queues as they are now (a model left out has none queued);
+        every candidate is formed anew from them.
+        """
         start = max(now, gpu_free_at)
-        candidates = self.candidates(now, start, queues)
-        ready = {name: c for name, c in candidates.items() if c.size > 0 and c.schedulable}
-        if ready:
-            if self.policy in ("deferral", "roma"):
-                deficits = {name: self.model_deficit(name, queues[name], now) for name in ready}
-                if self.policy == "roma":
-                    chosen = min(ready, key=lambda n: (-deficits[n], ready[n].sched_at))
-                else:
-                    value = {
-                        n: weighted_value(deficits[n], c.size, self.models[n].profile.latency_ms(c.rows))
-                        for n, c in ready.items()
-                    }
-                    chosen = min(ready, key=lambda n: (-value[n], ready[n].sched_at))
-            elif self.policy == "work_conserving":
-                chosen = min(ready, key=lambda n: ready[n].sched_at)
-            elif self.policy == "round_robin":
-                chosen = self._next_turn(ready)
-            else:
-                chosen = min(ready, key=lambda n: ready[n].deadline)
-            candidate = ready[chosen]
-            batch = tuple(itertools.islice(queues[chosen], candidate.skip, candidate.skip + candidate.size))
+        if queues is not None:
+            for name, state in self.models.items():
+                state.queue = queues.get(name) or RequestQueue()
+                self._form(name, state, start)
+        self._due(now)
+        while self._ready:
+            chosen = self._choose(now)
+            state = self.models[chosen]
+            candidate = self._ready[chosen]
+            if start > candidate.invalid_after + EPSILON_S:
+                # It expired while it waited for a GPU: prune it for this start and choose again.
+                self._form(chosen, state, start)
+                self._due(now)
+                continue
+            batch = tuple(itertools.islice(state.queue, candidate.skip, candidate.skip + candidate.size))
+            # The caller takes these requests out of the queue; the candidate is formed anew then.
+            state.candidate = None
+            self._place(chosen, state, None)
             return Dispatch(chosen, gpu, batch, candidate.skip)
-        waiting = [c.sched_at for c in candidates.values() if c.size > 0]
-        if waiting:
-            return WaitUntil(max(now, min(waiting)))
+        sched_at = self._next_sched_at()
+        if sched_at is not None:
+            return WaitUntil(max(now, sched_at))
         return None
 
 

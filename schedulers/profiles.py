@@ -45,23 +45,51 @@ class LatencyProfile:
         self._samples: dict[int, collections.deque[float]] = {}
         self._fit: tuple[float, float] = (per_item_ms, fixed_ms)
         self._read: dict[int, float] = {}
+        # Running sums over the read table (x: batch size, y: its read), so that a new sample
+        # refits the line in O(1): the fit is updated after every batch a device runs.
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, sum y, sum xy, sum xx
+        self._updates = 0
 
     def observe(self, batch_size: int, latency_ms: float) -> None:
-        samples = self._samples.setdefault(batch_size, collections.deque(maxlen=self.window))
+        samples = self._samples.get(batch_size)
+        if samples is None:
+            samples = self._samples[batch_size] = collections.deque(maxlen=self.window)
         samples.append(latency_ms)
-        self._read[batch_size] = percentile(samples, self.percentile)
+        read = percentile(samples, self.percentile) if len(samples) > 1 else latency_ms
+        old = self._read.get(batch_size)
+        if old == read:
+            return
+        self._read[batch_size] = read
+        sums = self._sums
+        if old is not None:
+            sums[1] -= old
+            sums[2] -= batch_size * old
+        else:
+            sums[0] += batch_size
+            sums[3] += batch_size * batch_size
+        sums[1] += read
+        sums[2] += batch_size * read
+        self._updates += 1
+        if self._updates % 4096 == 0:  # no drift of the float sums over a long run
+            self._sums = [
+                float(sum(self._read)),
+                sum(self._read.values()),
+                sum(b * y for b, y in self._read.items()),
+                float(sum(b * b for b in self._read)),
+            ]
         self._refit()
 
     def _refit(self) -> None:
-        sizes = sorted(self._read)
-        if len(sizes) >= 2:
-            slope, intercept = fit_line(sizes, [self._read[b] for b in sizes])
-            self._fit = (max(slope, 0.0), max(intercept, 0.0))
+        n = len(self._read)
+        if n >= 2:
+            sx, sy, sxy, sxx = self._sums
+            slope = (sxy - sx * sy / n) / (sxx - sx * sx / n)
+            self._fit = (max(slope, 0.0), max(sy / n - slope * sx / n, 0.0))
         else:
             # One batch size measured: keep the seed's slope, move the fixed cost to match it.
-            (b,) = sizes
+            ((b, read),) = self._read.items()
             per_item = self.seed_per_item_ms
-            self._fit = (per_item, max(0.0, self._read[b] - per_item * b))
+            self._fit = (per_item, max(0.0, read - per_item * b))
 
     @property
     def per_item_ms(self) -> float:
@@ -76,4 +104,4 @@ class LatencyProfile:
         measured = self._read.get(batch_size)
         if measured is not None:
             return measured
-        return self.per_item_ms * batch_size + self.fixed_ms
+        return self._fit[0] * batch_size + self._fit[1]
