@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 
 from schedulers.admission import admissible
 from schedulers.candidate import form_candidate
 from schedulers.deficit import deficit
-from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
+from schedulers.gpu import DUE_MARGIN_S, POLICIES, Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request, RequestQueue
 
@@ -162,29 +165,86 @@ def test_overload_drops_a_head_that_would_shrink_the_batch():
     assert candidate.skip == 0 and candidate.size == 6
 
 
-def test_deferral_weighs_the_deficit_by_requests_per_gpu_ms():
-    scheduler = GpuScheduler("deferral")
-    # Same SLA; "costly" takes 40 ms a request, "cheap" 1 ms plus a 5 ms fixed cost.
-    scheduler.add_model("costly", sla_ms=400, max_batch=8, profile=linear(40, 10))
-    scheduler.add_model("cheap", sla_ms=400, max_batch=8, profile=linear(1, 5))
+def test_the_default_serves_the_candidate_that_expires_first():
+    # Both candidates are due. "slow" (l(b) = 20 b + 5) has the earlier sched_at but can still
+    # start 20 ms later; "quick" (l(b) = b + 5) expires 1 ms after its sched_at. Symphony's rule
+    # (earliest sched_at) gives the GPU to slow, and quick misses; the default's least laxity
+    # serves quick now, and slow still fits the next GPU.
+    for policy, first in (("deferral", "slow"), ("fair_deferral", "quick")):
+        scheduler = GpuScheduler(policy)
+        scheduler.add_model("slow", sla_ms=100, max_batch=8, profile=linear(20, 5))
+        scheduler.add_model("quick", sla_ms=100, max_batch=8, profile=linear(1, 5))
+        queues = {
+            "slow": requests("slow", [0.9745], 0.1),  # dl 1.0745: sched_at 1.0295, invalid_after 1.0495
+            "quick": requests("quick", [0.9375], 0.1, first_id=10),  # dl 1.0375: sched_at 1.0305, invalid_after 1.0315
+        }
+        at = 1.031
+        assert dispatched(scheduler.decide(at, "g", at, queues))[0] == first, policy
+
+
+def test_the_default_serves_a_model_behind_on_its_bad_rate_first():
+    scheduler = GpuScheduler("fair_deferral")
+    scheduler.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
+    scheduler.add_model("b", sla_ms=100, max_batch=8, profile=linear(1, 5))
     now = 1.0
-    # costly waited 300 ms (E = 300 + l(2) = 390 ms with both in one batch, over its 320 ms set
-    # point), cheap 200 ms (E = 209 ms, no deficit).
-    queues = {"costly": requests("costly", [0.7, 0.7], 0.4), "cheap": requests("cheap", [0.8] * 4, 0.4, first_id=10)}
-    # ROMA alone picks the model furthest behind ...
-    roma = GpuScheduler("roma")
-    roma.add_model("costly", sla_ms=400, max_batch=8, profile=linear(40, 10))
-    roma.add_model("cheap", sla_ms=400, max_batch=8, profile=linear(1, 5))
-    assert dispatched(roma.decide(now, "g", now, queues)) == ("costly", 2)
-    # ... deferral spends the GPU where it serves the most requests per ms: 4 / 9 ms against
-    # (1 + 70 / 320) x 2 / 90 ms.
-    assert dispatched(scheduler.decide(now, "g", now, queues)) == ("cheap", 4)
-    # Among candidates of equal efficiency the largest deficit still wins.
-    twin = GpuScheduler("deferral")
-    twin.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
-    twin.add_model("b", sla_ms=100, max_batch=8, profile=linear(1, 5))
-    even = {"a": requests("a", [0.99], 0.1), "b": requests("b", [0.915], 0.1, first_id=10)}
-    assert dispatched(twin.decide(now, "g", now, even)) == ("b", 1)
+    # Both due (past sched_at); a expires first, so by laxity alone a goes.
+    queues = {"a": requests("a", [0.91], 0.1), "b": requests("b", [0.915], 0.1, first_id=10)}
+    assert dispatched(scheduler.decide(now, "g", now, queues)) == ("a", 1)
+    # b has lost many requests lately while the others have not: it is behind, and goes first.
+    for _ in range(200):
+        scheduler.on_completed("a", 10.0)
+    for _ in range(60):
+        scheduler.on_refused("b", requests("b", [0.5], 0.1, first_id=99), now)
+    assert scheduler.fairness.behind("b") and not scheduler.fairness.behind("a")
+    assert dispatched(scheduler.decide(now, "g", now, queues)) == ("b", 1)
+
+
+def test_the_default_makes_a_candidate_due_a_margin_before_its_sched_at():
+    profile = linear(1, 10)
+    for policy, margin in (("deferral", 0.0), ("fair_deferral", DUE_MARGIN_S)):
+        scheduler = GpuScheduler(policy)
+        scheduler.add_model("m", sla_ms=50, max_batch=16, profile=profile)
+        now = 0.101
+        queue = requests("m", [0.1, 0.1005], 0.05)
+        sched_at = 0.15 - profile.latency_ms(3) / 1000
+        # 1000 arrivals in the last second: beta x lambda = 10 requests holds the two back.
+        for i in range(1000):
+            scheduler.on_arrival("m", 0.1 + i * 1e-6)
+        decision = scheduler.decide(now, "g", now, {"m": queue})
+        assert decision == WaitUntil(pytest.approx(sched_at - margin)), policy
+        assert dispatched(scheduler.decide(sched_at - margin, "g", sched_at - margin, {"m": queue})) == ("m", 2)
+
+
+def test_an_arrival_grows_the_kept_candidate_as_forming_it_anew_would():
+    profile = linear(1.5, 6)
+    rng = random.Random(4)
+    for policy in POLICIES:
+        queue = RequestQueue()
+        scheduler = GpuScheduler(policy)
+        scheduler.add_model("m", sla_ms=30, max_batch=6, profile=profile, queue=queue)
+        t = 0.0
+        for i in range(300):
+            t += rng.expovariate(400)
+            request = Request(i, "m", t, t + 0.030)
+            queue.append(request)
+            scheduler.on_arrival("m", t, request)
+            kept = scheduler.models["m"].candidate
+            rate = scheduler.models["m"].rate.per_second(t)
+            defer, drop = policy in ("deferral", "fair_deferral"), policy == "fair_deferral"
+            fresh = form_candidate(
+                "m", queue, profile, max_batch=6, now=t, start=t, arrival_rate=rate, defer=defer, drop_early=drop
+            )
+            if kept is not None and kept.size and t <= kept.invalid_after:
+                batch = list(itertools.islice(queue, kept.skip, kept.skip + kept.size))
+                assert t + profile.latency_ms(sum(r.rows for r in batch)) / 1000 <= min(r.deadline for r in batch)
+                if not drop:  # our early drop looks again only when the candidate is formed anew
+                    assert (kept.skip, kept.size, kept.sched_at) == (fresh.skip, fresh.size, fresh.sched_at)
+            if rng.random() < 0.3:  # a GPU takes the candidate now and then
+                decision = scheduler.decide(t, "g", t)
+                if isinstance(decision, Dispatch):
+                    for r in decision.requests:  # those skipped at the head stay queued
+                        queue.remove(r)
+                    scheduler.on_queue_changed("m", t)
 
 
 def test_a_refusal_counts_as_a_violation_in_the_deficit():
