@@ -222,7 +222,10 @@ class DispatchCore:
         state.queue.append(request)
         if state.on_gpus:
             self.gpu_scheduler.on_arrival(state.name, now, request)
-        self._touched[state.name] = state
+        if len(state.queue) == 1:
+            # A new head, to look at and to watch. Behind an older head an arrival changes
+            # nothing about what can be finished in time: time does, and the refusal heap has it.
+            self._touched[state.name] = state
         return self._pump(now)
 
     def set_executor_ready(self, executor_id: str, ready: bool, now: float) -> list[Action]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 FAIRNESS_GAP = 0.18
 MODEL_WEIGHT = 0.01  # about the last 100 requests of a model
 OVERALL_WEIGHT = 0.001  # about the last 1,000 requests of all models
+RESCAN = 256
 
 
 class BadRateTracker:
@@ -25,12 +26,23 @@ class BadRateTracker:
         self.gap, self.model_weight, self.overall_weight = gap, model_weight, overall_weight
         self.by_model: dict[str, float] = {}
         self.overall = 0.0
+        # The models behind, kept as the records come (an ordered set: a dict to None), so that
+        # a decision reads them in O(1) when there are none. A model's place is looked at when
+        # it records; all of them every ``RESCAN`` records, as the overall rate moves.
+        self.behind_models: dict[str, None] = {}
+        self._records = 0
 
     def record(self, model: str, bad: bool) -> None:
         """One request of ``model`` ended: in its SLA (``bad`` False) or not (late or refused)."""
         rate = self.by_model.get(model, 0.0)
         self.by_model[model] = rate + self.model_weight * (bad - rate)
         self.overall += self.overall_weight * (bad - self.overall)
+        self._records += 1
+        for name in self.by_model if self._records % RESCAN == 0 else (model,):
+            if self.behind(name):
+                self.behind_models[name] = None
+            else:
+                self.behind_models.pop(name, None)
 
     def behind(self, model: str) -> bool:
         """Whether the model's moving bad rate is more than the gap over the overall one."""

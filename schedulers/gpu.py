@@ -46,6 +46,8 @@ DEFAULT_POLICY = "fair_deferral"
 DEFERRING = ("fair_deferral", "deferral")
 # Policies that use our early drop (schedulers/candidate.py); the papers' baselines do not.
 DROPPING_EARLY = ("fair_deferral",)
+# The order in which a free GPU takes the schedulable candidates, where it is one of their times.
+ORDER_KEYS = {"fair_deferral": "invalid_after", "deferral": "sched_at", "work_conserving": "sched_at", "edf": "deadline"}
 # The default's look-ahead: a candidate is due this long before its sched_at. A batch sent at
 # sched_at itself has only l(n + 1) - l(n) = alpha (0.05 to 2 ms on Symphony's zoos) before it
 # expires at invalid_after; a timer that fires a millisecond late (asyncio's timers follow the
@@ -116,6 +118,10 @@ class GpuScheduler:
         self._due_margin = DUE_MARGIN_S if policy == "fair_deferral" else 0.0
         self.fairness = BadRateTracker()
         self._ready: dict[str, Candidate] = {}  # schedulable candidates
+        # The schedulable candidates by the policy's order, for the policies whose order is a
+        # property of the candidate alone: (key, version, model), stale entries dropped lazily.
+        self._ready_order: list[tuple[float, int, str]] = []
+        self._order_key = ORDER_KEYS.get(policy)
         self._waiting: list[tuple[float, int, str]] = []  # (sched_at, version, model): not yet schedulable
         self._last_served: str | None = None  # round_robin's turn
 
@@ -157,7 +163,7 @@ class GpuScheduler:
             if candidate.full and self._drop_early:
                 # The newcomer did not fit behind the head: skipping the head may now serve more.
                 self._form(model, state, now)
-            elif not (was_schedulable and candidate.schedulable):
+            elif not was_schedulable or self._order_key is not None:
                 self._place(model, state, candidate)
 
     def on_queue_changed(self, model: str, now: float) -> None:
@@ -204,7 +210,7 @@ class GpuScheduler:
         if candidate is None or candidate.size == 0:
             return
         if candidate.schedulable:
-            self._ready[model] = candidate
+            self._make_ready(model, state, candidate)
         else:
             heapq.heappush(self._waiting, (candidate.sched_at - self._due_margin, state.version, model))
 
@@ -216,7 +222,21 @@ class GpuScheduler:
             state = self.models[model]
             if version == state.version and state.candidate is not None:
                 state.candidate.schedulable = True
-                self._ready[model] = state.candidate
+                self._make_ready(model, state, state.candidate)
+
+    def _make_ready(self, model: str, state: GpuModel, candidate: Candidate) -> None:
+        self._ready[model] = candidate
+        if self._order_key is not None:
+            heapq.heappush(self._ready_order, (getattr(candidate, self._order_key), state.version, model))
+
+    def _first_in_order(self) -> str:
+        """The schedulable candidate first in the policy's order (the ready heap's valid top)."""
+        order, ready, models = self._ready_order, self._ready, self.models
+        while True:
+            _, version, model = order[0]
+            if model in ready and models[model].version == version:
+                return model
+            heapq.heappop(order)
 
     def _next_sched_at(self) -> float | None:
         waiting = self._waiting
@@ -246,12 +266,11 @@ class GpuScheduler:
             # candidate that expires first, which may still go when its turn comes, where the
             # earliest sched_at would hand the GPU to one that can wait (measured: 7,570 against
             # 7,289 requests/s of goodput on the 1080Ti zoo; docs/BENCHMARKS.md).
-            behind = self.fairness.behind
-            return min(ready, key=lambda n: (not behind(n), ready[n].invalid_after))
-        if self.policy in ("deferral", "work_conserving"):
-            return min(ready, key=lambda n: ready[n].sched_at)
-        if self.policy == "edf":
-            return min(ready, key=lambda n: ready[n].deadline)
+            behind = [n for n in self.fairness.behind_models if n in ready]
+            if behind:
+                return min(behind, key=lambda n: ready[n].invalid_after)
+        if self._order_key is not None:
+            return self._first_in_order()
         if self.policy == "round_robin":
             return self._next_turn(ready)
         deficits = {name: self.model_deficit(name, self.models[name].queue, now) for name in ready}
