@@ -54,6 +54,8 @@ sys.path.insert(0, str(HERE))
 from roma_cpu import MODELS, ROOT, STAND_INS, WORK, config_text, load_tests, paper_table, serve_and_drive  # noqa: E402
 from serving import median_ms  # noqa: E402
 
+from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
+
 DOCS = ROOT / "docs" / "roma"
 GPU_SPEEDUP = 1.0
 RATE_SCALE = 2
@@ -64,7 +66,7 @@ SYSTEMS = {
     "rr+rules": ("round_robin", "rules", "RR+rules"),
     "rr+max": ("round_robin", "max", "RR+max"),
     "rr+min": ("round_robin", "min", "RR+min"),
-    "ours": ("deferral", "pi", None),
+    "ours": (DEFAULT_POLICY, "pi", None),
 }
 
 
