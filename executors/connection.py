@@ -6,11 +6,16 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
+import math
+import time
 from typing import Any
 
 import numpy as np
 
-from executors.wire import PREFIX, ProtocolViolation, encode_frame, pack_tensors, parse_prefix, unpack_tensors
+from executors.wire import PREFIX, ProtocolViolation, encode_frame, pack_tensors, parse_prefix, shares_clock, unpack_tensors
+
+log = logging.getLogger("executors")
 
 
 class ExecutorFailed(RuntimeError):
@@ -19,6 +24,15 @@ class ExecutorFailed(RuntimeError):
 
 class ModelError(RuntimeError):
     """ONNX Runtime refused the batch (the executor itself is fine)."""
+
+
+class BatchLate(RuntimeError):
+    """The executor did not run the batch: it reached it ``late_ms`` after its latest start
+    (Clockwork's late action, Section 4.4). Nothing ran; the executor is fine."""
+
+    def __init__(self, late_ms: float):
+        super().__init__(f"the executor reached the batch {late_ms:.3f} ms after its latest start and did not run it")
+        self.late_ms = late_ms
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
@@ -31,8 +45,13 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], byte
 class ExecutorConnection:
     """Requests in flight to one executor, matched to its replies by id."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: dict[str, Any]):
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: dict[str, Any], shares_clock: bool = False
+    ):
         self.hello = hello
+        # Whether the executor reads this process's clock, so that a latest start means the same
+        # instant at both ends; only then are batches sent with one (executors/wire.py).
+        self.shares_clock = shares_clock
         self._reader = reader
         self._writer = writer
         self._ids = itertools.count(1)
@@ -43,33 +62,51 @@ class ExecutorConnection:
     @classmethod
     async def accept(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> ExecutorConnection:
         header, _ = await read_frame(reader)
+        received = time.perf_counter()
         if header.get("kind") != "hello":
             raise ProtocolViolation(f"expected hello from the executor, got {header.get('kind')!r}")
-        return cls(reader, writer, header)
+        shared = shares_clock(header.get("clock"), received)
+        if not shared:
+            log.warning(
+                "executor pid %s does not read this host's monotonic clock (hello clock %s, here %.3f): "
+                "its batches are sent without a latest start time",
+                header.get("pid"),
+                header.get("clock"),
+                received,
+            )
+        return cls(reader, writer, header, shared)
 
     @property
     def in_flight(self) -> int:
         return len(self._pending)
 
-    async def infer(self, model: str, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    async def infer(
+        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Run a batch; ``latest_start`` (time.perf_counter seconds) is the latest moment the
+        executor may begin it, or it raises BatchLate. An executor that does not read this clock
+        (``shares_clock``) gets no latest start and runs every batch, as does inf."""
         if self.closed.done():
             raise ExecutorFailed(f"executor connection is closed: {self.closed.result()}")
         request_id = next(self._ids)
         descriptions, buffers = pack_tensors(tensors)
+        header: dict[str, Any] = {"kind": "infer", "id": request_id, "model": model, "tensors": descriptions}
+        if self.shares_clock and math.isfinite(latest_start):
+            header["latest"] = latest_start
         reply: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = reply
         try:
-            self._writer.writelines(
-                encode_frame({"kind": "infer", "id": request_id, "model": model, "tensors": descriptions}, buffers)
-            )
+            self._writer.writelines(encode_frame(header, buffers))
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as error:
             self._pending.pop(request_id, None)
             raise ExecutorFailed(f"could not send the batch to the executor: {error}") from error
-        header, payload = await reply
-        if header["kind"] == "error":
-            raise ModelError(header.get("message", "the executor refused the batch"))
-        return unpack_tensors(header["tensors"], payload), float(header["compute_ms"])
+        answer, payload = await reply
+        if answer["kind"] == "error":
+            raise ModelError(answer.get("message", "the executor refused the batch"))
+        if answer["kind"] == "late":
+            raise BatchLate(float(answer["late_ms"]))
+        return unpack_tensors(answer["tensors"], payload), float(answer["compute_ms"])
 
     def fail_all(self, reason: str) -> None:
         """Fail every request in flight at once (the executor is gone) and close."""

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -160,10 +161,13 @@ class SupervisedExecutor(abc.ABC):
         self._task = asyncio.create_task(self._supervise(first_start))
         await first_start
 
-    async def infer(self, model: str, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    async def infer(
+        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Run a batch that the executor must begin by ``latest_start`` (or raise BatchLate)."""
         if self._connection is None or not self.ready:
             raise ExecutorFailed(f"executor {self.id} is not running ({self.state})")
-        return await self._connection.infer(model, tensors)
+        return await self._connection.infer(model, tensors, latest_start)
 
     def set_cores(self, cores: float) -> None:
         """Resize the running executor (no restart); a restarted one gets the same cores."""

@@ -8,15 +8,31 @@ over a stream socket (DESIGN.md, principle 2). A frame is::
 The header describes the tensors (name, datatype, shape, nbytes) in payload order; the tensor
 bytes themselves never pass through JSON. Messages:
 
-- executor -> gateway ``hello``: {"kind": "hello", "pid", "provider", "models": {name: signature}}
-- gateway -> executor ``infer``: {"kind": "infer", "id", "model", "tensors": [...]}
+- executor -> gateway ``hello``: {"kind": "hello", "pid", "provider", "models": {name: signature},
+  "clock"}
+- gateway -> executor ``infer``: {"kind": "infer", "id", "model", "tensors": [...], "latest"?}
 - executor -> gateway ``result``: {"kind": "result", "id", "compute_ms", "tensors": [...]}
 - executor -> gateway ``error``: {"kind": "error", "id", "message"}
+- executor -> gateway ``late``: {"kind": "late", "id", "late_ms"}
+
+``latest`` is Clockwork's action window (Section 4.4): the latest time, in seconds on the
+``clock``, at which the executor may begin the batch. An executor that would begin it later does
+not run it and answers ``late`` with how late it was; without the field it runs every batch.
+``clock`` is the executor's reading of that clock when it said hello, so that the gateway can
+check that both ends read one clock before it sends any ``latest`` (``shares_clock``).
+
+The clock is CLOCK_MONOTONIC, which time.perf_counter reads on Linux (checked:
+``time.get_clock_info("perf_counter")`` says clock_gettime(CLOCK_MONOTONIC)). It counts from the
+host's boot and is one clock for every process of the host, containers included: only a time
+namespace (Linux 5.6, CLONE_NEWTIME) offsets it, and Docker does not create one. An executor on
+another host reads another clock; the hello check finds that out and the gateway then sends no
+``latest`` to it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any, BinaryIO
 
@@ -27,6 +43,21 @@ from executors.tensors import datatype_of, tensor_from_bytes, tensor_to_bytes
 PREFIX = struct.Struct("<II")
 # A frame larger than this is refused: it protects both ends from a corrupt length prefix.
 MAX_FRAME_BYTES = 1 << 31
+
+
+# How far behind the gateway's reading an executor's hello ``clock`` may be and still be taken for
+# the same clock: the hello's time in transit, seconds at most even on a gateway busy at start-up.
+# Clocks of different hosts or time namespaces differ by their boot times, hours or days apart.
+SHARED_CLOCK_TOLERANCE_S = 10.0
+
+
+def shares_clock(executor_clock: float | None, gateway_clock: float) -> bool:
+    """Whether an executor whose hello read ``executor_clock`` reads the gateway's own clock,
+    which read ``gateway_clock`` when the hello arrived (after it, by the time in transit)."""
+    if executor_clock is None or not math.isfinite(executor_clock):
+        return False
+    behind_s = gateway_clock - executor_clock
+    return 0.0 <= behind_s <= SHARED_CLOCK_TOLERANCE_S
 
 
 class ProtocolViolation(RuntimeError):

@@ -3,7 +3,8 @@
 Started by a backend as ``python -m executors.worker --connect SOCKET --model NAME=PATH ...``.
 It connects to the gateway, sends ``hello`` with the signature of every model it holds, then
 runs one batch at a time (one outstanding request keeps the execution time predictable, as in
-Clockwork Section 4.1) until the gateway closes the connection.
+Clockwork Section 4.1) until the gateway closes the connection. A batch that carries a latest
+start time it can no longer keep is answered ``late`` and not run (Clockwork Section 4.4).
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ def as_onnx_feed(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def late_by_ms(latest: float | None, now: float) -> float | None:
+    """How late a batch is when it would begin at ``now`` against its ``latest`` start (None: in
+    time, or no latest start). Clockwork Section 4.4: a worker that cannot begin an action by its
+    ``latest`` cancels it and tells the controller, which alone decides what happens next; run
+    late, its batch would end past the deadline the controller planned it for."""
+    if latest is None or now <= latest:
+        return None
+    return (now - latest) * 1000.0
+
+
 def connect(address: str) -> socket.socket:
     if address.startswith("tcp:"):
         host, port = address[4:].rsplit(":", 1)
@@ -120,7 +131,10 @@ def serve(
 
     models = {name: describe(session) for name, session in sessions.items()}
     taken = {name: session.get_providers()[0] for name, session in sessions.items()}
-    send({"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models})
+    # The clock reading lets the gateway check that "latest" in an infer frame means the same
+    # instant here (executors/wire.py).
+    clock = time.perf_counter()
+    send({"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models, "clock": clock})
     while True:
         frame = read_frame_blocking(stream)
         if frame is None:
@@ -131,6 +145,10 @@ def serve(
             session = sessions[header["model"]]
             feeds = {name: as_onnx_feed(array) for name, array in unpack_tensors(header["tensors"], payload).items()}
             started = time.perf_counter()
+            late_ms = late_by_ms(header.get("latest"), started)
+            if late_ms is not None:
+                send({"kind": "late", "id": request_id, "late_ms": late_ms})
+                continue
             names = [arg.name for arg in session.get_outputs()]
             if header["model"] in zero_outputs:
                 rows = next(iter(feeds.values())).shape[0]

@@ -8,6 +8,11 @@ actions: it runs batches on executor processes or containers, answers the HTTP h
 futures, and keeps the one timer the core asks for. It also starts the executors, profiles them,
 keeps the per-model accounting and wires the control loop.
 
+GPU batches carry Clockwork's latest start (Section 4.4) to their executor; one that reaches a
+batch too late answers so without running it, and the core reschedules or refuses its requests.
+What the GPUs did over the last period (gateway/gpu_cluster.py) gives Symphony's autoscaling
+signals on /metrics (Section 4.4; schedulers/autoscale.py).
+
 Every request ends with a result or an explicit error.
 """
 
@@ -29,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from executors.connection import ExecutorFailed, ModelError
+from executors.connection import BatchLate, ExecutorFailed, ModelError
 from executors.container import DockerBackend, DockerExecutor
 from executors.lifecycle import SupervisedExecutor
 from executors.limits import Actuator, make_actuator
@@ -37,11 +42,13 @@ from executors.process import ProcessExecutor
 from gateway.batching import batch_key, split_outputs, stack_inputs
 from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
+from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
 from gateway.metrics import GatewayMetrics
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest
 from gateway.signature import ModelSignature
 from gateway.stats import CoreMeter, ResponseTimes
+from schedulers.autoscale import ScalingSignal, scaling_signal
 from schedulers.dispatch import CPU, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
 from schedulers.profiles import LatencyProfile
@@ -191,6 +198,10 @@ class Engine:
             self.gpu_executors.append(executor)
             self.executors[executor.id] = executor
             self.core.add_executor(executor.id, GPU)
+        self.gpu_cluster: GpuClusterWindow | None = None
+        if self.gpu_executors:
+            self.gpu_cluster = GpuClusterWindow(self.now)
+            metrics.export_scaling_signal(self.gpu_scaling_signal)
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
         self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float]] = {}
@@ -359,8 +370,14 @@ class Engine:
         series = self.metrics.for_model(runtime.name)
         series.outcome(outcome).inc()
         series.in_flight.dec()
-        if arrival is not None:
-            rt_ms = (self.now - arrival) * 1000
+        now = self.now
+        rt_ms = (now - arrival) * 1000 if arrival is not None else None
+        # Symphony's bad rate counts every request of a model the GPUs serve, wherever it ran.
+        if self.gpu_cluster is not None and runtime.gpu_profile is not None:
+            out_of_slo = ended_out_of_slo(outcome, rt_ms, runtime.sla_ms)
+            if out_of_slo is not None:
+                self.gpu_cluster.request_ended(now, out_of_slo)
+        if rt_ms is not None:
             if rt_ms > runtime.sla_ms:
                 series.violations.inc()
             runtime.times.observe(rt_ms, runtime.sla_ms)
@@ -386,6 +403,12 @@ class Engine:
             runtime.core_meters[executor.id].set(executor.enforced_cores, now)
             self.metrics.cores.labels(runtime.name, executor.id).set(cores)
             self.metrics.enforced_cores.labels(runtime.name, executor.id).set(executor.enforced_cores)
+
+    def gpu_scaling_signal(self) -> ScalingSignal:
+        """Symphony's autoscaling signals of the node's GPUs over the last period (Section 4.4)."""
+        assert self.gpu_cluster is not None
+        now, gpus = self.now, len(self.gpu_executors)
+        return scaling_signal(gpus, self.gpu_cluster.bad_rate(now), self.gpu_cluster.idle_fraction(now, gpus))
 
     def core_seconds(self, runtime: ModelRuntime) -> float:
         now = self.now
@@ -469,16 +492,14 @@ class Engine:
 
     async def _run_batch(self, batch: Batch) -> None:
         executor = self.executors[batch.executor]
-        runtime = self.models[batch.model]
-        hang_s = runtime.config.hang_timeout_s
         payloads = [r.payload for r in batch.requests]
         try:
-            try:
-                outputs, compute_ms = await asyncio.wait_for(executor.infer(batch.model, stack_inputs(payloads)), hang_s)
-            except TimeoutError:
-                executor.kill_hung(f"no reply to a batch of {batch.rows} within {hang_s:g} s (hang_timeout_ms)")
-                raise ExecutorFailed(f"it did not answer within {hang_s:g} s and was killed (hung)") from None
+            outputs, compute_ms = await self._execute(executor, batch, stack_inputs(payloads))
             parts = split_outputs(outputs, payloads)
+        except BatchLate as late:
+            self.metrics.late_actions.labels(batch.model).inc()
+            log.debug("model %s: batch of %d on %s not run: %s", batch.model, batch.rows, executor.id, late)
+            actions = self.core.on_batch_late(batch, self.now)
         except ExecutorFailed as error:
             message = f"executor {executor.id} failed: {error}"
             actions = self.core.on_batch_failed(batch, self.now, 503, "executor_failed", message)
@@ -489,6 +510,25 @@ class Engine:
             self._outputs[batch.id] = (parts, compute_ms)
             actions = self.core.on_batch_done(batch, compute_ms, self.now)
         self._carry_out(actions)
+
+    async def _execute(
+        self, executor: SupervisedExecutor, batch: Batch, inputs: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Run the batch on its executor, which may begin it until its latest start; kill the
+        executor if it hangs. A GPU is busy from the moment the batch is sent until its answer."""
+        hang_s = self.models[batch.model].config.hang_timeout_s
+        busy = self.gpu_cluster if batch.device == GPU else None
+        if busy is not None:
+            busy.batch_started(executor.id, self.now)
+        try:
+            run = executor.infer(batch.model, inputs, latest_start=batch.latest_start)
+            return await asyncio.wait_for(run, hang_s)
+        except TimeoutError:
+            executor.kill_hung(f"no reply to a batch of {batch.rows} within {hang_s:g} s (hang_timeout_ms)")
+            raise ExecutorFailed(f"it did not answer within {hang_s:g} s and was killed (hung)") from None
+        finally:
+            if busy is not None:
+                busy.batch_ended(executor.id, self.now)
 
     def _finish(self, action: Finish) -> None:
         batch = action.batch

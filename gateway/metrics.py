@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from schedulers.autoscale import ScalingSignal
 
 # Latency buckets from 1 ms to 10 s: the SLAs we serve sit between tens and hundreds of ms.
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -48,7 +52,15 @@ class GatewayMetrics:
             "gateway_executor_cpu_seconds", "CPU time used by the executor's current process", ["executor", "device"], registry=r
         )
         self.restarts = Gauge("gateway_executor_restarts", "Times the executor was restarted", ["model", "executor"], registry=r)
+        # Clockwork's late actions (Section 4.4): batches a GPU executor reached after their latest start.
+        self.late_actions = Counter(
+            "gateway_late_actions", "Batches an executor refused to begin after their latest start time", ["model"], registry=r
+        )
         self._models: dict[str, ModelMetrics] = {}
+
+    def export_scaling_signal(self, read: Callable[[], ScalingSignal]) -> None:
+        """Export Symphony's autoscaling signals of the node's GPUs, ``read`` at each scrape."""
+        self.registry.register(ScalingSignalCollector(read))
 
     def for_model(self, model: str) -> ModelMetrics:
         """The model's series on the per-request path, looked up once (``labels`` costs a few
@@ -78,3 +90,24 @@ class ModelMetrics:
         if outcome not in self._outcomes:
             self._outcomes[outcome] = self._requests.labels(self._model, outcome)
         return self._outcomes[outcome]
+
+
+class ScalingSignalCollector:
+    """The GPU cluster's autoscaling signals (schedulers/autoscale.py), computed once a scrape so
+    that the four gauges describe the same period."""
+
+    def __init__(self, read: Callable[[], ScalingSignal]):
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        signal = self._read()
+        yield GaugeMetricFamily(
+            "gateway_gpu_bad_rate", "Share of the GPU models' requests that ended out of their SLO, last period", signal.bad_rate
+        )
+        yield GaugeMetricFamily(
+            "gateway_gpu_idle_fraction", "Share of the GPUs' time with no batch running, last period", signal.idle_fraction
+        )
+        yield GaugeMetricFamily(
+            "gateway_gpus_to_add", "GPUs to allocate: N r / (1 - r) when the bad rate r is over its threshold", signal.gpus_to_add
+        )
+        yield GaugeMetricFamily("gateway_gpus_to_release", "GPUs to release: N f for the idle fraction f", signal.gpus_to_release)

@@ -295,8 +295,9 @@ class GpuScheduler:
             chosen = self._choose(now)
             state = self.models[chosen]
             candidate = self._ready[chosen]
-            if start > candidate.invalid_after + EPSILON_S:
+            if state.drop_late and start > candidate.invalid_after + EPSILON_S:
                 # It expired while it waited for a GPU: prune it for this start and choose again.
+                # (A model that serves late rather than refuse is never pruned: its batch goes.)
                 self._form(chosen, state, start)
                 self._due(now)
                 continue
