@@ -22,26 +22,37 @@ Per run it reports goodput (requests answered within their SLO, per second), the
 (refused, timed out, late or left over, over all), per model the requests served on each device
 and their outcomes, the batch sizes, the GPU idle fraction, and the core's own throughput
 (requests decided per second of the one core it runs on).
+
+``--zoo CSV --goodput`` measures Symphony's goodput instead of running one load: per policy,
+Gamma shape and seed, the highest offered load at which every model's bad rate stays within 1%
+(its p99 within its SLO), found by bisection; then the flat-top table above that peak, the GPU
+idle fraction under it and the autoscaling signals (gateway/tools/goodput.py).
+
+``--dispatch-delay-ms MEAN`` delays each GPU batch between the core's Start and the executor
+receiving it (exponential, seeded): an executor that receives a batch after its latest start
+refuses it (Clockwork's late action), and the core puts its requests back.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import heapq
 import json
+import math
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from schedulers.dispatch import CPU, GPU, Action, DispatchCore, Fail, Finish, Start, WakeAt
-from schedulers.gpu import POLICIES, GpuScheduler
+from schedulers.dispatch import CPU, EPSILON_S, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.gpu import BASELINES, DEFAULT_POLICY, POLICIES, GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
 from schedulers.round_robin import RandomRoundRobin
@@ -50,6 +61,10 @@ from schedulers.round_robin import RandomRoundRobin
 MAX_BATCH = 512
 # Zoo runs have no timeout of their own: a request ends served or refused.
 ZOO_TIMEOUT_S = 3600.0
+# Outcomes that are not bad: the arrival itself, and an answer within the SLO.
+NOT_BAD = frozenset({"arrived", "in_slo"})
+# Requests a run stopped early (``stop_when_bad``) never saw end.
+UNFINISHED = "unfinished"
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,30 @@ def gamma_arrivals(rate: float, shape: float | None, duration_s: float, rng: ran
         times.append(t)
 
 
+def zoo_arrivals(
+    rates: Mapping[str, float], shape: float | None, duration_s: float, rng: random.Random
+) -> list[tuple[float, str]]:
+    """Open-loop arrivals [(seconds, model)] over [0, duration) at each model's rate (requests/s).
+
+    Each model draws from a stream of its own, seeded from ``rng``: with a fresh
+    ``random.Random(seed)`` the arrivals at another load are the same gaps scaled by the load
+    (Python's Gamma and exponential draws are a unit draw times the scale), so a bisection
+    over the load compares like with like instead of a fresh sample at every probe.
+    """
+    streams = {name: random.Random(rng.getrandbits(64)) for name in rates}
+    arrivals = [
+        (t, name) for name, rate in rates.items() if rate > 0 for t in gamma_arrivals(rate, shape, duration_s, streams[name])
+    ]
+    arrivals.sort()
+    return arrivals
+
+
+def even_split(zoo: Iterable[ZooModel], total_rps: float) -> dict[str, float]:
+    """The offered load split evenly over the models (Symphony Section 5.3's workload)."""
+    names = [model.name for model in zoo]
+    return {name: total_rps / len(names) for name in names}
+
+
 def linear_ms(profile: tuple[float, float], rows: int, cores: float = 1.0) -> float:
     per_item, fixed = profile
     return (per_item * rows + fixed) / cores
@@ -112,7 +151,19 @@ class Simulation:
         cpu_sharing: str = "spill",
         request_timeout_s: float = ZOO_TIMEOUT_S,
         seed: int = 0,
+        stop_when_bad: Mapping[str, int] | None = None,
+        gpu_dispatch_ms: float = 0.0,
     ):
+        """``stop_when_bad``: per model, the bad outcomes it may have; the run stops as soon as one
+        model has more (its verdict is known: a bisection probe that fails need not run to the
+        end), marks the result ``stopped_early`` and counts what had not ended as "unfinished".
+        A run within every limit runs to the end and is unchanged.
+
+        ``gpu_dispatch_ms``: mean of the exponential delay between the core's Start of a GPU batch
+        and its executor receiving it (the network between Clockwork's controller and workers).
+        An executor that receives a batch after its ``latest_start`` refuses it (Clockwork's
+        late action, Section 4.4): the core gets ``on_batch_late`` and the GPU stays free.
+        """
         self.models = {m.name: m for m in models}
         self.core = DispatchCore(
             cpu_scheduler=RandomRoundRobin(random.Random(seed)),
@@ -137,6 +188,7 @@ class Simulation:
             )
         self.gpus = gpus
         self._events: list[tuple[float, int, str, Any]] = []
+        self._timer_at = float("inf")
         self._sequence = 0
         self.core_s = 0.0  # wall time spent inside the core
         self.outcomes = {name: {} for name in self.models}  # model -> outcome -> count
@@ -144,6 +196,14 @@ class Simulation:
         self.device_of: dict[int, str] = {}  # request id -> device that served it
         self.batch_rows: list[int] = []
         self.gpu_busy_s = 0.0
+        self.stop_when_bad = dict(stop_when_bad) if stop_when_bad is not None else None
+        self.bad = dict.fromkeys(self.models, 0)
+        self._stop = False
+        self.stopped_at: float | None = None
+        self.gpu_dispatch_ms = gpu_dispatch_ms
+        self._dispatch_rng = random.Random(f"gpu-dispatch-{seed}")
+        self.late_actions = 0  # GPU batches refused by their executor for reaching it too late
+        self.decided = 0  # arrivals the core has seen
 
     def _push(self, at: float, kind: str, payload: Any) -> None:
         self._sequence += 1
@@ -157,19 +217,20 @@ class Simulation:
 
     def _count(self, model: str, outcome: str, n: int = 1) -> None:
         self.outcomes[model][outcome] = self.outcomes[model].get(outcome, 0) + n
+        if outcome not in NOT_BAD:
+            self.bad[model] += n
+            if self.stop_when_bad is not None and self.bad[model] > self.stop_when_bad.get(model, self.bad[model]):
+                self._stop = True
 
     def _carry_out(self, actions: Iterable[Action], now: float) -> None:
         for action in actions:
             if isinstance(action, Start):
                 batch = action.batch
-                model = self.models[batch.model]
-                if batch.device == GPU:
-                    duration_ms = linear_ms(model.gpu, batch.rows)
-                    self.gpu_busy_s += duration_ms / 1000
-                    self.batch_rows.append(batch.rows)
+                if batch.device == GPU and self.gpu_dispatch_ms > 0:
+                    delay_s = self._dispatch_rng.expovariate(1000 / self.gpu_dispatch_ms)
+                    self._push(now + delay_s, "received", batch)
                 else:
-                    duration_ms = linear_ms(model.cpu, batch.rows, model.cpu_cores)
-                self._push(now + duration_ms / 1000, "done", (batch, duration_ms))
+                    self._execute(batch, now)
             elif isinstance(action, Finish):
                 device = action.batch.device
                 for request in action.requests:
@@ -179,8 +240,29 @@ class Simulation:
             elif isinstance(action, Fail):
                 for request in action.requests:
                     self._count(request.model, action.outcome)
-            elif isinstance(action, WakeAt) and action.time < float("inf"):
+            elif isinstance(action, WakeAt) and action.time < self._timer_at:
+                # One timer, moved earlier when asked, as gateway serve's engine keeps it.
+                self._timer_at = action.time
                 self._push(action.time, "wake", None)
+
+    def _execute(self, batch: Batch, now: float) -> None:
+        """The executor runs ``batch`` from ``now`` for its true l(b)."""
+        model = self.models[batch.model]
+        if batch.device == GPU:
+            duration_ms = linear_ms(model.gpu, batch.rows)
+            self.gpu_busy_s += duration_ms / 1000
+            self.batch_rows.append(batch.rows)
+        else:
+            duration_ms = linear_ms(model.cpu, batch.rows, model.cpu_cores)
+        self._push(now + duration_ms / 1000, "done", (batch, duration_ms))
+
+    def _receive(self, batch: Batch, now: float) -> list[Action]:
+        """A GPU executor receives ``batch`` after the dispatch delay: it runs it, or refuses it late."""
+        if now > batch.latest_start + EPSILON_S:
+            self.late_actions += 1
+            return self._call(self.core.on_batch_late, batch, now)
+        self._execute(batch, now)
+        return []
 
     def run(self, arrivals: Iterable[tuple[float, str]], duration_s: float) -> dict[str, Any]:
         requests = 0
@@ -191,22 +273,35 @@ class Simulation:
         now = last = 0.0
         for executor in list(self.core.executors):
             self._carry_out(self._call(self.core.set_executor_ready, executor, True, now), now)
-        while self._events:
+        while self._events and not self._stop:
             now, _, kind, payload = heapq.heappop(self._events)
             if kind == "arrival":
                 actions = self._call(self.core.on_arrival, payload, now)
+                self.decided += 1
                 last = now
             elif kind == "done":
                 batch, duration_ms = payload
                 last = now
                 actions = self._call(self.core.on_batch_done, batch, duration_ms, now)
+            elif kind == "received":
+                actions = self._receive(payload, now)
             else:
+                if now != self._timer_at:
+                    continue  # a timer since moved earlier: the engine would have cancelled it
+                self._timer_at = float("inf")
                 actions = self._call(self.core.on_timer, now)
             self._carry_out(actions, now)
-        end = max(duration_s, last)  # timers set for far-off timeouts do not stretch the run
-        for name, state in self.core.models.items():
-            if state.queue:
-                self._count(name, "left", len(state.queue))
+        if self._stop:
+            self.stopped_at = end = now
+            for outcomes in self.outcomes.values():
+                ended = sum(n for outcome, n in outcomes.items() if outcome != "arrived")
+                if outcomes.get("arrived", 0) > ended:
+                    outcomes[UNFINISHED] = outcomes["arrived"] - ended
+        else:
+            end = max(duration_s, last)  # timers set for far-off timeouts do not stretch the run
+            for name, state in self.core.models.items():
+                if state.queue:
+                    self._count(name, "left", len(state.queue))
         return self._report(requests, duration_s, end)
 
     def _report(self, requests: int, duration_s: float, end: float) -> dict[str, Any]:
@@ -230,7 +325,11 @@ class Simulation:
             "batch_p50": float(np.percentile(sizes, 50)),
             "batch_p90": float(np.percentile(sizes, 90)),
             "gpu_idle_fraction": 1 - self.gpu_busy_s / (self.gpus * end) if self.gpus else 0.0,
-            "scheduled_per_core_s": requests / self.core_s if self.core_s else float("inf"),
+            # A run stopped early decided only the requests that had arrived by then.
+            "scheduled_per_core_s": self.decided / self.core_s if self.core_s else float("inf"),
+            "late_actions": self.late_actions,
+            "stopped_early": self.stopped_at is not None,
+            "stopped_at_s": self.stopped_at,
             "models": per_model,
             "goodput_by_model_rps": {name: o.get("in_slo", 0) / duration_s for name, o in self.outcomes.items()},
         }
@@ -241,17 +340,41 @@ def linear_ms_pair(profile: tuple[float, float], cores: float) -> tuple[float, f
     return profile[0] / cores, profile[1] / cores
 
 
+def bad_allowance(arrived: int, bad_limit: float) -> int:
+    """How many of ``arrived`` requests may end badly within a bad rate of ``bad_limit``."""
+    return math.floor(bad_limit * arrived + 1e-9)  # 0.01 x 300 must allow 3, whatever the float rounding
+
+
 def simulate(
-    zoo: list[ZooModel], gpus: int, rate: float, shape: float | None, policy: str, duration_s: float, seed: int = 0
+    zoo: list[ZooModel],
+    gpus: int,
+    rate: float | Mapping[str, float],
+    shape: float | None,
+    policy: str,
+    duration_s: float,
+    seed: int = 0,
+    *,
+    stop_above_bad_rate: float | None = None,
+    dispatch_delay_ms: float = 0.0,
 ) -> dict[str, Any]:
-    """A zoo on ``gpus`` GPUs at ``rate`` requests/s split evenly over its models."""
-    rng = random.Random(seed)
-    arrivals = [
-        (t, model.name) for model in zoo for t in gamma_arrivals(rate / len(zoo), shape, duration_s, rng)
-    ]
+    """A zoo on ``gpus`` GPUs at ``rate`` requests/s split evenly over its models, or at each
+    model's rate where ``rate`` maps model names to rates.
+
+    ``stop_above_bad_rate``: stop the run as soon as some model's bad rate over its arrivals
+    exceeds it (``Simulation``'s ``stop_when_bad``).
+    """
+    rates = dict(rate) if isinstance(rate, Mapping) else even_split(zoo, rate)
+    arrivals = zoo_arrivals(rates, shape, duration_s, random.Random(seed))
+    stop_when_bad = None
+    if stop_above_bad_rate is not None:
+        arrived = collections.Counter(model for _, model in arrivals)
+        stop_when_bad = {m.name: bad_allowance(arrived[m.name], stop_above_bad_rate) for m in zoo}
     models = [SimModel(m.name, m.slo_ms, gpu=(m.per_item_ms, m.fixed_ms)) for m in zoo]
-    result = Simulation(models, gpus=gpus, policy=policy, seed=seed).run(arrivals, duration_s)
-    return {"policy": policy, "shape": shape, "offered_rps": rate, **result}
+    simulation = Simulation(
+        models, gpus=gpus, policy=policy, seed=seed, stop_when_bad=stop_when_bad, gpu_dispatch_ms=dispatch_delay_ms
+    )
+    result = simulation.run(arrivals, duration_s)
+    return {"policy": policy, "shape": shape, "offered_rps": sum(rates.values()), **result}
 
 
 def simulate_config(
@@ -277,7 +400,7 @@ def simulate_config(
             )
         )
     if config.node.gpus and config.gpu.executor != "emulated":
-        raise SystemExit("gateway simulate: the config's GPUs must be emulated ([gpu] executor = \"emulated\") to be simulated")
+        raise SystemExit('gateway simulate: the config\'s GPUs must be emulated ([gpu] executor = "emulated") to be simulated')
     simulation = Simulation(
         models,
         gpus=len(config.node.gpus),
@@ -292,7 +415,20 @@ def simulate_config(
     return {"policy": config.gpu.policy, **result}
 
 
+# Symphony's evaluation (Section 5.3) ran its zoos on 64 GPUs; the single-rate mode keeps 8.
+GOODPUT_GPUS, RATE_GPUS = 64, 8
+GOODPUT_SHAPES = "0.1,0.3,1.0"  # Symphony Section 5.3's Gamma shapes, burstiest first
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run the dispatch core of gateway serve on a virtual clock against emulated GPUs. "
+        "--zoo CSV --rate R: one offered load per policy. "
+        "--zoo CSV --goodput: Symphony's goodput per policy, Gamma shape and seed, the highest offered load at which "
+        "every model's bad rate (late, refused, left over) stays within 1%% (p99 within its SLO), by bisection; then "
+        "the flat-top table at 1.25x/1.5x/2x that peak, the GPU idle fraction at 0.25x-1x beside Symphony's ideal "
+        "(p - o) / p, and the autoscaling signals. --config F --arrivals A: a serving config's models and devices."
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--zoo", type=Path, help="CSV with model, alpha_ms, beta_ms, slo_ms")
     source.add_argument("--config", type=Path, help="a serving config (its GPUs emulated)")
@@ -300,13 +436,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cpu-profile", action="append", default=[], metavar="MODEL=PER_ITEM_MS,FIXED_MS", help="with --config, repeatable"
     )
-    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpus", type=int, help=f"emulated GPUs (default {GOODPUT_GPUS} with --goodput, else {RATE_GPUS})")
     parser.add_argument("--rate", type=float, help="with --zoo: offered load, requests/s over all models")
     parser.add_argument("--shape", type=float, default=None, help="Gamma shape of the arrival gaps (default: Poisson)")
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--duration", type=float, default=10.0, help="virtual seconds")
+    parser.add_argument(
+        "--policies",
+        help=f"comma-separated GPU policies of {', '.join(POLICIES)} (default: all; with --goodput the default "
+        f"{DEFAULT_POLICY} and the baselines {', '.join(BASELINES)})",
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="virtual seconds per run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dispatch-delay-ms", type=float, default=0.0, metavar="MEAN",
+        help="mean of the exponential delay from the core's Start to the GPU executor; a batch received after its "
+        "latest start is refused (Clockwork's late action) and its requests go back to the queue (default 0)",
+    )  # fmt: skip
     parser.add_argument("--output", help="write the results as JSON here")
+    goodput = parser.add_argument_group("goodput (with --zoo)")
+    goodput.add_argument("--goodput", action="store_true", help="measure Symphony's goodput (see above) instead of one rate")
+    goodput.add_argument("--shapes", default=GOODPUT_SHAPES, help="Gamma shapes, comma-separated; 'poisson' for none")
+    goodput.add_argument("--seeds", type=int, default=3, help="seeds per point: a bisection each (default 3)")
+    goodput.add_argument("--tolerance", type=float, default=0.01, help="bisection width, a share of the upper bound")
+    goodput.add_argument("--jobs", type=int, default=2, help="processes running the independent runs (default 2)")
 
 
 def _cpu_profiles(specs: list[str]) -> dict[str, tuple[float, float]]:
@@ -331,20 +482,66 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         for name, model in result["models"].items():
             print(f"{name:16s} {model}")
+    elif args.goodput:
+        return _run_goodput(args)
     else:
         if args.rate is None:
-            raise SystemExit("gateway simulate: --zoo needs --rate")
+            raise SystemExit("gateway simulate: --zoo needs --rate (or --goodput)")
         zoo = load_zoo(args.zoo)
-        for policy in args.policies.split(","):
-            result = simulate(zoo, args.gpus, args.rate, args.shape, policy, args.duration, args.seed)
+        gpus = RATE_GPUS if args.gpus is None else args.gpus
+        for policy in _policies(args.policies, POLICIES):
+            result = simulate(
+                zoo, gpus, args.rate, args.shape, policy, args.duration, args.seed, dispatch_delay_ms=args.dispatch_delay_ms
+            )
             results.append(result)
             print(
                 f"{policy:16s} goodput {result['goodput_rps']:9.1f} req/s  bad rate {result['bad_rate']:.3f}  "
                 f"batch mean {result['batch_mean']:.1f} p50 {result['batch_p50']:.0f} p90 {result['batch_p90']:.0f}  "
                 f"GPU idle {result['gpu_idle_fraction']:.3f}  core {result['scheduled_per_core_s']:.0f} req/core-s"
+                + (f"  late actions {result['late_actions']}" if args.dispatch_delay_ms else "")
             )
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _policies(spec: str | None, default: Iterable[str]) -> list[str]:
+    chosen = spec.split(",") if spec else list(dict.fromkeys(default))
+    unknown = [p for p in chosen if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"gateway simulate: unknown policy {', '.join(unknown)} (known: {', '.join(POLICIES)})")
+    return chosen
+
+
+def _shapes(spec: str) -> list[float | None]:
+    try:
+        return [None if word.strip().lower() == "poisson" else float(word) for word in spec.split(",")]
+    except ValueError:
+        raise SystemExit(f"gateway simulate: --shapes {spec!r}: expected numbers or 'poisson', comma-separated") from None
+
+
+def _run_goodput(args: argparse.Namespace) -> int:
+    # The measuring builds on this module, so it is imported only when asked for.
+    from gateway.tools.goodput import markdown, measure
+
+    zoo = load_zoo(args.zoo)
+    policies = _policies(args.policies, (DEFAULT_POLICY, *BASELINES))
+    report = measure(
+        {args.zoo.stem: zoo},
+        gpus=GOODPUT_GPUS if args.gpus is None else args.gpus,
+        shapes=_shapes(args.shapes),
+        policies=policies,
+        seeds=list(range(args.seed, args.seed + args.seeds)),
+        duration_s=args.duration,
+        tolerance=args.tolerance,
+        dispatch_delay_ms=args.dispatch_delay_ms,
+        jobs=args.jobs,
+        progress=lambda line: print(line, flush=True),
+    )
+    print()
+    print(markdown(report, DEFAULT_POLICY, BASELINES))
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=1))
     return 0
 
 
