@@ -15,7 +15,13 @@ all, where goodput may drop 1% per model: a bound within a percent or so).
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
 import numpy as np
+
+from gateway.tools.goodput import bisect_load, upper_bound_rps
+from gateway.tools.simulate import ZooModel, even_split, zoo_arrivals
 
 
 def fewest_batches(arrivals_s: np.ndarray, per_item_ms: float, fixed_ms: float, slo_ms: float) -> int:
@@ -38,3 +44,21 @@ def gpu_seconds_needed(arrivals_by_model: dict[str, np.ndarray], profiles: dict[
         per_item, fixed, slo = profiles[model]
         total_ms += per_item * len(arrivals) + fixed * fewest_batches(np.sort(arrivals), per_item, fixed, slo)
     return total_ms / 1000
+
+
+def foresight_bound_rps(
+    zoo: Sequence[ZooModel], gpus: int, shape: float | None, duration_s: float, seed: int = 0, tolerance: float = 0.005
+) -> float:
+    """The highest even-split load whose arrivals (as ``gateway simulate --goodput`` draws them for
+    ``seed``) batching with foresight fits on ``gpus`` GPUs: an upper bound on the goodput there."""
+    profiles = {m.name: (m.per_item_ms, m.fixed_ms, m.slo_ms) for m in zoo}
+
+    def fits(load: float) -> bool:
+        by_model: dict[str, list[float]] = {m.name: [] for m in zoo}
+        for t, model in zoo_arrivals(even_split(zoo, load), shape, duration_s, random.Random(seed)):
+            by_model[model].append(t)
+        arrays = {name: np.asarray(times) for name, times in by_model.items()}
+        return gpu_seconds_needed(arrays, profiles) <= gpus * duration_s
+
+    ceiling = upper_bound_rps(zoo, gpus)
+    return bisect_load(fits, ceiling / 4, ceiling, tolerance * ceiling)
