@@ -263,6 +263,9 @@ class DispatchCore:
             request.state, request.dispatched = QUEUED, None
         if returned:
             state.queue.put_back(returned)
+            # The head may be a request watched before it was sent, whose refusal entry left the
+            # heap while it ran: watch it anew, or nothing would refuse it before its timeout.
+            state.watched = None
             self._queue_changed(state, now)
         reason = "its batch reached the GPU executor after its latest start time and was not run"
         return self._pump(now, refusal_reason=(state.name, reason))

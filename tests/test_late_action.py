@@ -24,7 +24,7 @@ from executors.connection import BatchLate
 from executors.process import ProcessExecutor
 from executors.wire import shares_clock
 from executors.worker import late_by_ms
-from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Finish, Start
+from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -147,6 +147,42 @@ def test_a_late_batch_whose_requests_ended_meanwhile_returns_only_the_live_ones(
     assert then.batch.requests == (a, c)
     ledger(core.on_batch_done(then.batch, 6.0, 0.037))
     assert ledger.ended == {r.id: 1 for r in (y, a, c)}  # B ended when it was cancelled
+
+
+def test_a_request_put_back_by_a_late_batch_is_refused_when_it_runs_out_of_time_with_nothing_else_happening():
+    # GPU only, one GPU. A (model m: l(b) = b + 9 ms, SLA 40 ms) goes to the GPU when it comes
+    # up, and its refusal time (0.030, its last start) leaves the core's heap while it runs. Its executor
+    # reports the batch late at 0.005; the GPU then takes N (model n: l(b) = 50 b + 5 ms, due at
+    # once) and is busy until 0.060. A can no longer finish after 0.030: the core must wake then
+    # and refuse it, not leave it to its 60 s timeout.
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)), gpu_scheduler=GpuScheduler("work_conserving"))
+    core.add_executor("gpu-0", GPU)
+    core.add_model("m", sla_ms=40, max_batch=8, max_queue_size=100, drop_late=True, gpu_profile=LatencyProfile(1.0, 9.0))
+    core.add_model("n", sla_ms=99, max_batch=8, max_queue_size=100, drop_late=True, gpu_profile=LatencyProfile(50.0, 5.0))
+    ledger = Ledger()
+    a, n = Request(1, "m", 0.0), Request(2, "n", 0.002)
+    ledger(core.on_arrival(a, 0.0))  # the GPU executor is still starting: A waits, watched
+    (first,) = of(ledger(core.set_executor_ready("gpu-0", True, 0.001)), Start)
+    ledger(core.on_arrival(n, 0.002))
+    actions = ledger(core.on_batch_late(first.batch, 0.005))
+    (then,) = of(actions, Start)
+    assert then.batch.requests == (n,)
+    assert list(core.models["m"].queue) == [a]
+    # Carry out the timer as the shell does: a wake-up asked for stands until it fires.
+    fired, refused_at = 0.005, None
+    while refused_at is None:
+        pending = [w.time for w in ledger.actions if isinstance(w, WakeAt) and w.time > fired]
+        if not pending:
+            break
+        fired = min(pending)
+        ledger(core.on_timer(fired))
+        if 1 in ledger.ended:
+            refused_at = fired
+    assert refused_at is not None and 0.030 <= refused_at < 0.031  # A's last start (0.040 - 0.010), not its timeout
+    (refused,) = [f for f in of(ledger.actions, Fail) if a in f.requests]
+    assert refused.status == 503
+    ledger(core.on_batch_done(then.batch, 55.0, 0.060))
+    assert ledger.ended == {1: 1, 2: 1}
 
 
 # -- the protocol's pure parts ------------------------------------------------------------------
