@@ -12,6 +12,9 @@ engine or the executors: it is given three callables,
 
 and a clock (time.perf_counter by default, never the event loop's: uvloop's loop.time() has a
 1 ms grain and does not advance between iterations, ../shared/DESIGN.md "Facts checked").
+
+Only the models with a CPU executor are controlled: a GPU-only model (``cpu_executor = false``)
+has no cores to grant, takes no share of the node's and is left out of every period.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from controllers.base import CoreController
 from controllers.pi import PIController
 from controllers.rules import RuleController
 from controllers.static import StaticController
-from gateway.config import ControlConfig, GatewayConfig, ModelConfig
+from gateway.config import ControlConfig, CpuExecutorConfig, GatewayConfig, ModelConfig
+from gateway.protocol import InvalidRequest
 from supervisor.node import Allocation, NodeSupervisor, Window
 
 log = logging.getLogger("gateway")
@@ -36,8 +40,15 @@ SetCores = Callable[[str, float], None]
 OnPeriod = Callable[[float, Mapping[str, Allocation], Mapping[str, Window]], None]
 
 
+def _cpu(model: ModelConfig) -> CpuExecutorConfig:
+    if model.cpu is None:
+        raise ValueError(f"model {model.name} has no CPU executor (cpu_executor = false): no cores to control")
+    return model.cpu
+
+
 def make_controller(policy: str, model: ModelConfig, control: ControlConfig, node_cores: float, models: int) -> CoreController:
-    cpu = model.cpu
+    """The controller of ``model``'s CPU executor; ``models``: how many models have one."""
+    cpu = _cpu(model)
     if policy == "pi":
         plant = model.plant
         return PIController(
@@ -63,8 +74,8 @@ def floor_cores(controller: CoreController, model: ModelConfig) -> float:
     """The model's minimum in the arbitration: its min_cores, or a static controller's own
     value when that is lower (the RR+min/max baselines, an operator's pin)."""
     if isinstance(controller, StaticController):
-        return min(controller.cores, model.cpu.min_cores)
-    return model.cpu.min_cores
+        return min(controller.cores, _cpu(model).min_cores)
+    return _cpu(model).min_cores
 
 
 def _no_record(now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
@@ -91,9 +102,11 @@ class ControlLoop:
         self.sla_ms = sla_ms if sla_ms is not None else (lambda name: config.models[name].sla_ms)
         control = config.control
         self.period_s = control.period_s
-        controllers = {name: self._controller(model) for name, model in config.models.items()}
+        #: The models it controls: those with a CPU executor.
+        self.models = {name: model for name, model in config.models.items() if model.cpu is not None}
+        controllers = {name: self._controller(model) for name, model in self.models.items()}
         initial = {
-            name: c.cores if isinstance(c, StaticController) else config.models[name].cpu.cores for name, c in controllers.items()
+            name: c.cores if isinstance(c, StaticController) else _cpu(self.models[name]).cores for name, c in controllers.items()
         }
         min_cores = {name: floor_cores(c, config.models[name]) for name, c in controllers.items()}
         available = config.node.cpu_cores - control.reserved_cores
@@ -124,16 +137,19 @@ class ControlLoop:
 
     def _controller(self, model: ModelConfig) -> CoreController:
         control = self.config.control
-        return make_controller(control.policy, model, control, self.config.node.cpu_cores, len(self.config.models))
+        return make_controller(control.policy, model, control, self.config.node.cpu_cores, len(self.models))
 
     def pin(self, name: str, cores: float | None) -> None:
         """Hold a model at ``cores`` from now on (None: hand it back to the configured policy,
         starting from the cores it was last granted).
 
         The supervisor still fits the pinned demand to the node with the others; the granted
-        cores are applied at once, not at the next period.
+        cores are applied at once, not at the next period. A model without a CPU executor has no
+        cores to pin: that is the admin's mistake (InvalidRequest, a 400 of the admin API).
         """
         model = self.config.models[name]
+        if name not in self.models:
+            raise InvalidRequest(f"model '{name}' has no CPU executor (cpu_executor = false): it has no cores to pin")
         if cores is None:
             controller, demand = self._controller(model), self._granted[name]
         else:
@@ -172,7 +188,7 @@ class ControlLoop:
         """One control period: measure, decide (controllers and ROMA Algorithm 2), apply, record."""
         now = self.clock() if now is None else now
         windows = dict(self.measure())
-        sla = {name: self.sla_ms(name) for name in self.config.models}
+        sla = {name: self.sla_ms(name) for name in self.models}
         allocations = self.supervisor.step(now, windows, sla)
         self._apply(allocations)
         self.on_period(now, allocations, windows)

@@ -13,6 +13,9 @@ batch too late answers so without running it, and the core reschedules or refuse
 What the GPUs did over the last period (gateway/gpu_cluster.py) gives Symphony's autoscaling
 signals on /metrics (Section 4.4; schedulers/autoscale.py).
 
+A model with ``cpu_executor = false`` gets no CPU executor: the node's GPU executors alone
+serve it, and the core admits, refuses and schedules it on its GPU profile alone.
+
 Every request ends with a result or an explicit error.
 """
 
@@ -83,7 +86,8 @@ class Result:
 class ModelRuntime:
     config: ModelConfig
     sla_ms: float
-    executors: list[SupervisedExecutor]
+    executors: list[SupervisedExecutor]  # its own, on the CPU: none for a GPU-only model
+    gpu_executors: list[SupervisedExecutor] = field(default_factory=list)  # the node's, shared by every model
     signature: ModelSignature | None = None
     times: ResponseTimes = field(default_factory=ResponseTimes)
     core_meters: dict[str, CoreMeter] = field(default_factory=dict)
@@ -123,7 +127,14 @@ class ModelRuntime:
 
     @property
     def ready(self) -> bool:
-        return any(e.ready for e in self.executors)
+        """A model with a CPU executor is ready when it is (the GPUs only take what they can
+        finish in time); a GPU-only model when one of the GPU executors is."""
+        return any(e.ready for e in self.executors or self.gpu_executors)
+
+    @property
+    def serving_executors(self) -> list[SupervisedExecutor]:
+        """Every executor that may run the model: its CPU executor, if any, then the GPUs."""
+        return self.executors + self.gpu_executors
 
     @property
     def datatypes(self) -> dict[str, str]:
@@ -162,7 +173,12 @@ class Engine:
         else:
             self.actuator = make_actuator(config.control.actuator, config.control.cfs_period_us)
         self.executors: dict[str, SupervisedExecutor] = {}
+        self.gpu_executors: list[SupervisedExecutor] = []
         for name, model in config.models.items():
+            # Every model shares the list of the node's GPU executors, filled below.
+            self.models[name] = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=self.gpu_executors)
+            if model.cpu is None:
+                continue  # cpu_executor = false: the GPU executors alone serve it
             executor = executor_class(
                 f"cpu-{name}",
                 {name: model.path},
@@ -176,8 +192,7 @@ class Engine:
             )
             self.executors[executor.id] = executor
             self.core.add_executor(executor.id, CPU, name)
-            self.models[name] = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[executor])
-        self.gpu_executors: list[SupervisedExecutor] = []
+            self.models[name].executors.append(executor)
         for device_id in config.node.gpus:
             emulate = (
                 {name: gpu.profiles[m.gpu_profile or name] for name, m in config.models.items()}
@@ -242,7 +257,7 @@ class Engine:
             raise failures[0]
         now = self.now
         for runtime in self.models.values():
-            runtime.signature = ModelSignature.from_json(runtime.executors[0].signatures[runtime.name])
+            runtime.signature = ModelSignature.from_json(runtime.serving_executors[0].signatures[runtime.name])
             self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
             for executor in runtime.executors:
                 runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
@@ -259,6 +274,8 @@ class Engine:
                     executor.provider,
                     f"up to {runtime.config.max_batch_size}" if runtime.signature.batchable else "off",
                 )
+            if not runtime.executors:
+                log.info("model %s: no CPU executor (cpu_executor = false), served on the GPUs only", runtime.name)
         await self._profile()
         self.control.start()
         control = self.config.control
@@ -269,13 +286,16 @@ class Engine:
         then hand the model to the dispatch core."""
         for runtime in self.models.values():
             assert runtime.signature is not None
-            runtime.cpu_profile = await profile_executor(runtime.executors[0], runtime.name, runtime.signature, runtime.config)
-            log.info(
-                "model %s: CPU profile l(b) = %.3f b + %.3f ms",
-                runtime.name,
-                runtime.cpu_profile.per_item_ms,
-                runtime.cpu_profile.fixed_ms,
-            )
+            if runtime.executors:
+                runtime.cpu_profile = await profile_executor(
+                    runtime.executors[0], runtime.name, runtime.signature, runtime.config
+                )
+                log.info(
+                    "model %s: CPU profile l(b) = %.3f b + %.3f ms",
+                    runtime.name,
+                    runtime.cpu_profile.per_item_ms,
+                    runtime.cpu_profile.fixed_ms,
+                )
             if self.gpu_executors:
                 gpu = self.gpu_executors[0]
                 if gpu.emulate:
@@ -416,10 +436,12 @@ class Engine:
 
     # -- what the control loop measures ----------------------------------------------------
     def _measure(self) -> dict[str, Window]:
-        """Per model, what its CPU executors did since the last call, and the work still waiting for them."""
+        """Per model with a CPU executor, what it did since the last call, and the work still waiting for it."""
         now = self.now
         windows = {}
         for name, runtime in self.models.items():
+            if not runtime.executors:
+                continue  # a GPU-only model: no cores to control
             window, runtime.window = runtime.window, Window()
             window.cpu_s = sum(self._cpu_used(executor) for executor in runtime.executors)
             if name in self.core.models:
@@ -553,7 +575,7 @@ class Engine:
             "max_batch_size": runtime.config.max_batch_size if runtime.signature and runtime.signature.batchable else 0,
             "ready": runtime.ready,
             "pinned_cores": self.control.pinned.get(runtime.name) if self.control is not None else None,
-            "executors": [e.describe() for e in runtime.executors + self.gpu_executors],
+            "executors": [e.describe() for e in runtime.serving_executors],
             "drop_late": runtime.config.drop_late,
             "profiles": {
                 device: {"per_item_ms": p.per_item_ms, "fixed_ms": p.fixed_ms}

@@ -42,9 +42,10 @@ def arbitrate(
     total = sum(demands.values())
     if total <= 0:
         return dict(demands)
-    eta = available / total
-    if eta >= 1:
-        return {name: u * (1 + spare_share * (eta - 1)) for name, u in demands.items()}
+    if available >= total:
+        # u (1 + s (eta - 1)) with eta = AC / sum(u), written with each model's share u / sum(u):
+        # eta itself overflows to inf for a demand near zero (then 0 x inf is NaN).
+        return {name: u + spare_share * (available * (u / total) - u) for name, u in demands.items()}
     floors = {name: max(0.0, min(u, (min_cores or {}).get(name, 0.0))) for name, u in demands.items()}
     floor_total = sum(floors.values())
     if floor_total >= available:

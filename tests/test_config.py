@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, json_schema, load_config
 from tests.helpers import ROOT
 
 
@@ -54,6 +54,18 @@ def test_example_config_loads(example_models):
             "under node.cpu_cores",
         ),
         ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { cores = 3, max_cores = 2 }\n", "models.m.cpu.cores", "min_cores"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu_executor = false\n", "models.m.cpu_executor", "needs GPUs (node.gpus)"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu_executor = 0\n", "models.m.cpu_executor", "must be true or false"),
+        (
+            "[node]\ngpus = [0]\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu_executor = false\ncpu = { cores = 1 }\n",
+            "models.m.cpu",
+            "no CPU executor",
+        ),
+        (
+            "[node]\ngpus = [0]\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu_executor = false\nplant = { gain = 2 }\n",
+            "models.m.plant",
+            "no CPU executor",
+        ),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):
@@ -73,10 +85,29 @@ def test_every_problem_of_a_file_is_named_at_once(tmp_models):
         f"{path}: server.host: must be a string, got int 3",
         f"{path}: server.port: must be 0-65535, got 70000",
         f"{path}: models.m.sla_ms: must be a number, got str 'x'",
-        f"{path}: models.m.max_batch: unknown key (known: cpu, drop_late, gpu_profile, hang_timeout_ms, max_batch_size, "
-        "max_queue_size, path, plant, sla_ms)",
+        f"{path}: models.m.max_batch: unknown key (known: cpu, cpu_executor, drop_late, gpu_profile, hang_timeout_ms, "
+        "max_batch_size, max_queue_size, path, plant, sla_ms)",
     ]
     assert caught.value.key == "server.host"
+
+
+def test_every_model_has_a_cpu_executor_unless_told_otherwise(tmp_models):
+    path = _write(tmp_models, "[node]\ncpu_cores = 3\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n")
+    assert load_config(path).models["m"].cpu is not None
+    assert json_schema()["$defs"]["ModelTable"]["properties"]["cpu_executor"]["default"] is True
+
+
+def test_a_gpu_only_model_has_no_cpu_executor_and_no_share_of_the_nodes_cores(tmp_models):
+    """The node's cores are split over the models with a CPU executor only."""
+    models = "".join(f"[models.{name}]\npath = 'mlp.onnx'\nsla_ms = 10\n" for name in ("a", "b"))
+    path = _write(
+        tmp_models,
+        f"[node]\ncpu_cores = 3\ngpus = [0]\n{models}[models.g]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu_executor = false\n",
+    )
+    config = load_config(path)
+    assert config.models["g"].cpu is None
+    assert config.models["a"].cpu is not None and config.models["a"].cpu.cores == 1.5
+    assert config.models["b"].cpu is not None and config.models["b"].cpu.cores == 1.5
 
 
 def test_config_schema_command_describes_the_file(tmp_models):

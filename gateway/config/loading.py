@@ -36,6 +36,7 @@ from gateway.config.schema import (
     ModelConfig,
     ModelTable,
     NodeConfig,
+    PlantConfig,
     ServerConfig,
     default_threads,
 )
@@ -96,7 +97,9 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             source, "control.reserved_cores", f"must be under node.cpu_cores ({node.cpu_cores}), got {control.reserved_cores}"
         )
     gpu = _gpu(source, file.gpu, node, base)
-    default_cores = node.cpu_cores / len(file.models)
+    # The node's cores are shared evenly by the CPU executors: a GPU-only model has none.
+    cpu_models = sum(table.cpu_executor for table in file.models.values())
+    default_cores = node.cpu_cores / max(1, cpu_models)
     models = {name: _model(source, name, table, server, node, gpu, default_cores) for name, table in file.models.items()}
     return GatewayConfig(
         source=source, server=server, node=node, policy=file.policy, control=control, gpu=gpu, docker=file.docker, models=models
@@ -137,7 +140,9 @@ def _model(
         raise ConfigError(source, f"{key}.path", f"{path} is outside the model directory {server.model_dir} (server.model_dir)")
     if not path.is_file():
         raise ConfigError(source, f"{key}.path", f"no ONNX file at {path}")
-    cpu = _cpu(source, f"{key}.cpu", table.cpu, node, default_cores)
+    cpu = _cpu(source, f"{key}.cpu", table.cpu, node, default_cores) if table.cpu_executor else None
+    if not table.cpu_executor:
+        _check_gpu_only(source, key, table, node)
     try:
         pi_gains(table.plant.gain, table.plant.zero, table.plant.pole)
     except ValueError as error:
@@ -145,8 +150,25 @@ def _model(
     row = table.gpu_profile or name
     if gpu.executor == "emulated" and node.gpus and row not in gpu.profiles:
         raise ConfigError(source, f"{key}.gpu_profile", f"{gpu.profile} has no row {row!r} for this model")
-    fields = {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}
+    # cpu_executor = false is carried as no CPU executor config: ModelConfig.cpu is None.
+    fields = {f.name: getattr(table, f.name) for f in dataclasses.fields(table) if f.name != "cpu_executor"}
     return ModelConfig(**{**fields, "name": name, "path": path, "cpu": cpu})
+
+
+def _check_gpu_only(source: Path, key: str, table: ModelTable, node: NodeConfig) -> None:
+    """A model without a CPU executor needs GPUs to run on, and has no CPU executor or CPU
+    controller to configure: settings for them would be silently ignored."""
+    if not node.gpus:
+        raise ConfigError(
+            source,
+            f"{key}.cpu_executor",
+            "false needs GPUs (node.gpus): without its CPU executor the model would have no device to run on",
+        )
+    for name, default in (("cpu", CpuTable()), ("plant", PlantConfig())):
+        if getattr(table, name) != default:
+            raise ConfigError(
+                source, f"{key}.{name}", "this model has no CPU executor (cpu_executor = false): nothing to configure here"
+            )
 
 
 def _cpu(source: Path, key: str, table: CpuTable, node: NodeConfig, default_cores: float) -> CpuExecutorConfig:

@@ -241,6 +241,9 @@ class ModelTable:
     sla_ms: PositiveFloat
     """Response-time SLA."""
     max_batch_size: PositiveInt = DEFAULT_MAX_BATCH_SIZE
+    cpu_executor: bool = True
+    """false: served on the node's GPUs only (Triton's instance_group kind GPU), with no CPU
+    executor, no [models.NAME.cpu] and no share of node.cpu_cores; needs node.gpus."""
     cpu: CpuTable = field(default_factory=CpuTable)
     plant: PlantConfig = field(default_factory=PlantConfig)
     drop_late: bool = False
@@ -262,7 +265,7 @@ class ModelConfig:
     path: Path
     sla_ms: float
     max_batch_size: int
-    cpu: CpuExecutorConfig
+    cpu: CpuExecutorConfig | None  # None: no CPU executor (cpu_executor = false), the GPUs serve it alone
     plant: PlantConfig
     drop_late: bool = False
     gpu_profile: str | None = None

@@ -380,10 +380,16 @@ def simulate(
 def simulate_config(
     config_path: Path, arrivals: list[tuple[float, str]], cpu_profiles: dict[str, tuple[float, float]], seed: int = 0
 ) -> dict[str, Any]:
-    """The models, devices and limits of a serving config, under the given arrivals."""
+    """The models, devices and limits of a serving config, under the given arrivals.
+
+    A model without a CPU executor (``cpu_executor = false``) gets none here either: the GPUs
+    alone serve it, whatever the CPU profiles."""
     from gateway.config import load_config
 
     config = load_config(config_path)
+    gpu_only = sorted(name for name in cpu_profiles if name in config.models and config.models[name].cpu is None)
+    if gpu_only:
+        raise SystemExit(f"gateway simulate: --cpu-profile {', '.join(gpu_only)}: no CPU executor (cpu_executor = false)")
     models = []
     for name, model in config.models.items():
         gpu_row = config.gpu.profiles.get(model.gpu_profile or name) if config.node.gpus else None
@@ -393,8 +399,8 @@ def simulate_config(
                 model.sla_ms,
                 max_batch=model.max_batch_size,
                 gpu=gpu_row,
-                cpu=cpu_profiles.get(name),
-                cpu_cores=model.cpu.cores,
+                cpu=cpu_profiles.get(name) if model.cpu is not None else None,
+                cpu_cores=model.cpu.cores if model.cpu is not None else 1.0,
                 drop_late=model.drop_late,
                 max_queue_size=model.max_queue_size,
             )
