@@ -247,9 +247,8 @@ class DispatchCore:
         elif batch.device == CPU and state.cpu_profile is not None:
             state.cpu_profile.observe(batch.rows, compute_ms)
         live = self._end(batch.requests)
-        if gpu_model:
-            for request in live:
-                self.gpu_scheduler.on_completed(batch.model, (now - request.arrival) * 1000)
+        if gpu_model and live:
+            self.gpu_scheduler.on_completed(batch.model, *((now - r.arrival) * 1000 for r in live))
         return [Finish(batch, live), *self._pump(now)]
 
     def on_batch_late(self, batch: Batch, now: float) -> list[Action]:

@@ -32,13 +32,22 @@ class BadRateTracker:
         self.behind_models: dict[str, None] = {}
         self._records = 0
 
-    def record(self, model: str, bad: bool) -> None:
-        """One request of ``model`` ended: in its SLA (``bad`` False) or not (late or refused)."""
+    def record(self, model: str, bad: int, ended: int = 1) -> None:
+        """``ended`` requests of ``model`` ended (a batch's), ``bad`` of them not in their SLA (late or refused).
+
+        They move the averages as ``ended`` requests one after another would, each the batch's
+        mean: a weight w applied n times is 1 - (1 - w)^n applied once.
+        """
+        if ended <= 0:
+            return
+        mean = bad / ended
         rate = self.by_model.get(model, 0.0)
-        self.by_model[model] = rate + self.model_weight * (bad - rate)
-        self.overall += self.overall_weight * (bad - self.overall)
-        self._records += 1
-        for name in self.by_model if self._records % RESCAN == 0 else (model,):
+        self.by_model[model] = rate + (1 - (1 - self.model_weight) ** ended) * (mean - rate)
+        self.overall += (1 - (1 - self.overall_weight) ** ended) * (mean - self.overall)
+        before = self._records
+        self._records += ended
+        rescan = self._records // RESCAN != before // RESCAN
+        for name in self.by_model if rescan else (model,):
             if self.behind(name):
                 self.behind_models[name] = None
             else:

@@ -173,10 +173,12 @@ class GpuScheduler:
     def on_batch_done(self, model: str, rows: int, latency_ms: float) -> None:
         self.models[model].profile.observe(rows, latency_ms)
 
-    def on_completed(self, model: str, response_ms: float) -> None:
+    def on_completed(self, model: str, *responses_ms: float) -> None:
+        """Requests of ``model`` (a batch's) were answered after ``responses_ms``."""
         state = self.models[model]
-        state.recent_ms.append(response_ms)
-        self.fairness.record(model, response_ms > state.sla_ms)
+        state.recent_ms.extend(responses_ms)
+        sla_ms = state.sla_ms
+        self.fairness.record(model, sum(ms > sla_ms for ms in responses_ms), len(responses_ms))
 
     def on_refused(self, model: str, requests: Iterable[Request], now: float) -> None:
         """A refused request counts in R as a response no sooner than its SLA: it was a violation."""
@@ -184,7 +186,7 @@ class GpuScheduler:
         for request in requests:
             best_ms = (now - request.arrival) * 1000 + state.profile.latency_ms(request.rows)
             state.recent_ms.append(max(best_ms, state.sla_ms))
-            self.fairness.record(model, True)
+            self.fairness.record(model, 1)
 
     # -- candidates -------------------------------------------------------------------------
     def _form(self, model: str, state: GpuModel, start: float) -> Candidate | None:
