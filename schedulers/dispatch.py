@@ -257,6 +257,8 @@ class DispatchCore:
         arrival order, to be rescheduled, or refused at once if no device can finish them now."""
         self._release(batch)
         state = self.models[batch.model]
+        if state.on_gpus:
+            self.gpu_scheduler.on_late(batch.started, now)
         returned = [r for r in batch.requests if r.state != ENDED]
         for request in returned:
             request.state, request.dispatched = QUEUED, None

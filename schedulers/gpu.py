@@ -55,6 +55,11 @@ ORDER_KEYS = {"fair_deferral": "invalid_after", "deferral": "sched_at", "work_co
 # after sched_at then costs the batch requests. One millisecond early, it still reaches a GPU in
 # time; the batch it gives up is at most what arrives in that millisecond.
 DUE_MARGIN_S = 0.001
+# The look-ahead learns the round trip from late actions (``on_late``): it grows to 1.5x the
+# longest one seen lately, at most 20 ms, and falls back to the floor as batches arrive in time.
+LATE_GROWTH = 1.5
+MAX_DUE_MARGIN_S = 0.020
+MARGIN_DECAY = 0.999
 # The papers' GPU policies that the default is measured against (gateway simulate --goodput).
 BASELINES = ("deferral", "work_conserving", "edf", "roma")
 # ROMA's authors average the last 50 completed requests for the measured response time.
@@ -170,7 +175,16 @@ class GpuScheduler:
         """Requests left the model's queue, or came back to it, other than by arrival: form its candidate anew."""
         self._form(model, self.models[model], now)
 
+    def on_late(self, sent: float, now: float) -> None:
+        """A batch sent at ``sent`` reached its GPU executor after its latest start (Clockwork's
+        late action), seen at ``now``: the look-ahead grows to what the round trip took."""
+        if self._due_margin:
+            self._due_margin = min(MAX_DUE_MARGIN_S, max(self._due_margin, (now - sent) * LATE_GROWTH))
+
     def on_batch_done(self, model: str, rows: int, latency_ms: float) -> None:
+        if self._due_margin > DUE_MARGIN_S:
+            # Back towards the floor, by half in about 700 batches without a late one.
+            self._due_margin = max(DUE_MARGIN_S, self._due_margin * MARGIN_DECAY)
         self.models[model].profile.observe(rows, latency_ms)
 
     def on_completed(self, model: str, *responses_ms: float) -> None:

@@ -273,3 +273,28 @@ def test_round_robin_gives_the_models_turns_whatever_their_deficit():
     assert chosen == ["a", "b", "c", "a"]
     # A model with nothing queued loses its turn to the next.
     assert scheduler.decide(now, "g", now, {"a": queues["a"], "c": queues["c"]}).model == "c"
+
+
+def test_the_default_look_ahead_grows_with_a_late_round_trip_and_decays_back():
+    profile = linear(1, 10)
+    scheduler = GpuScheduler("fair_deferral")
+    scheduler.add_model("m", sla_ms=50, max_batch=16, profile=profile)
+    for i in range(1000):  # beta x lambda = 10 requests: a candidate of two waits for its sched_at
+        scheduler.on_arrival("m", 0.1 + i * 1e-6)
+    queue = requests("m", [0.1, 0.1005], 0.05)
+    sched_at = 0.15 - profile.latency_ms(3) / 1000
+    assert scheduler.decide(0.101, "g", 0.101, {"m": queue}) == WaitUntil(pytest.approx(sched_at - DUE_MARGIN_S))
+    # A batch sent at 0.090 was refused late by its executor, seen at 0.094: 4 ms of round trip.
+    scheduler.on_late(0.090, 0.094)
+    assert scheduler.decide(0.101, "g", 0.101, {"m": queue}) == WaitUntil(pytest.approx(sched_at - 0.006))
+    # Batches done in time bring it back to the floor.
+    for _ in range(5000):
+        scheduler.on_batch_done("m", 2, 12.0)
+    assert scheduler.decide(0.101, "g", 0.101, {"m": queue}) == WaitUntil(pytest.approx(sched_at - DUE_MARGIN_S))
+    # Symphony's deferral has no look-ahead to grow.
+    symphony = GpuScheduler("deferral")
+    symphony.add_model("m", sla_ms=50, max_batch=16, profile=profile)
+    symphony.on_late(0.090, 0.094)
+    for i in range(1000):
+        symphony.on_arrival("m", 0.1 + i * 1e-6)
+    assert symphony.decide(0.101, "g", 0.101, {"m": queue}) == WaitUntil(pytest.approx(sched_at))
