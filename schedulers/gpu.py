@@ -165,10 +165,7 @@ class GpuScheduler:
                 defer=self._defer,
                 prune=state.drop_late,
             )
-            if candidate.full and self._drop_early:
-                # The newcomer did not fit behind the head: skipping the head may now serve more.
-                self._form(model, state, now)
-            elif not was_schedulable or self._order_key is not None:
+            if not was_schedulable or self._order_key is not None:
                 self._place(model, state, candidate)
 
     def on_queue_changed(self, model: str, now: float) -> None:
