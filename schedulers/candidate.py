@@ -89,7 +89,10 @@ def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, st
     if best_net >= left:
         return 0  # the head's deadline leaves room for the whole queue
     for skip, request in enumerate(itertools.islice(queue, first + 1, first + min(left, EARLY_DROP_SCAN)), start=1):
-        net = min(left - skip, batch_capacity(request, profile, start, max_batch)) - skip
+        capacity = batch_capacity(request, profile, start, max_batch)
+        if capacity < request.rows:
+            continue  # it cannot start a batch in time itself
+        net = min(left - skip, capacity) - skip
         if net > best_net:
             best_skip, best_net = skip, net
     return best_skip
@@ -116,6 +119,8 @@ def form_candidate(
     """
     hopeless = hopeless_count(queue, profile, start) if prune else 0
     skip = hopeless + (early_drop(queue, hopeless, profile, start, max_batch) if prune and drop_early else 0)
+    while prune and skip < len(queue) and start + profile.latency_ms(queue[skip].rows) / 1000 > queue[skip].deadline:
+        skip += 1  # the batch must start with a request that fits alone (rows vary from request to request)
     if skip >= len(queue):
         if not skip:
             return None

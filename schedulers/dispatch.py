@@ -233,8 +233,11 @@ class DispatchCore:
         executor.ready = ready
         if executor.device == GPU:
             self._gpu_changed(executor)
-        # Which device can finish what has changed for every model.
-        self._touched.update((name, state) for name, state in self.models.items() if state.queue)
+        # Which device can finish what has changed for every model: look again, watch anew.
+        for name, state in self.models.items():
+            if state.queue:
+                state.watched = None
+                self._touched[name] = state
         return self._pump(now)
 
     def on_batch_done(self, batch: Batch, compute_ms: float, now: float) -> list[Action]:
@@ -463,6 +466,10 @@ class DispatchCore:
             )
             gpu_on = gpu_start if state.gpu_profile is not None else None
             if cpu_start is None and gpu_on is None:
+                # No device is up: nothing is refused, and the head is not watched again (its
+                # time has passed: a wake-up for it would fire at once, for ever). A device
+                # that comes up has every queue looked at anew (set_executor_ready).
+                state.watched = state.queue[0]
                 continue
             refused = []
             while state.queue:

@@ -14,7 +14,8 @@ Policies, chosen in the config so that they can be compared side by side (``gate
 - ``deferral``: Symphony's policy exactly (Section 4.3): schedulable at beta x lambda requests
   or at sched_at, the earliest sched_at first, Clipper's pruning of what cannot finish.
 - ``work_conserving``: Symphony's work-conserving policy: no deferral, earliest sched_at first.
-- ``edf``: Clockwork-like earliest deadline first, no deferral.
+- ``edf``: Clockwork's controller (Section 5.3): no deferral, the candidate with the earliest
+  *latest* start (its head's deadline less l(batch): invalid_after) first.
 - ``roma``: ROMA's deficit choice (Algorithm 1) with no deferral: the model furthest over its
   set point first.
 - ``round_robin``: the baselines of ROMA's evaluation (RR+CT, RR+rules, ...): the models take
@@ -47,7 +48,9 @@ DEFERRING = ("fair_deferral", "deferral")
 # Policies that use our early drop (schedulers/candidate.py); the papers' baselines do not.
 DROPPING_EARLY = ("fair_deferral",)
 # The order in which a free GPU takes the schedulable candidates, where it is one of their times.
-ORDER_KEYS = {"fair_deferral": "invalid_after", "deferral": "sched_at", "work_conserving": "sched_at", "edf": "deadline"}
+# edf is Clockwork's (Section 5.3): strategies ordered by latest = the head's deadline less the
+# batch's execution time, which is the candidate's invalid_after.
+ORDER_KEYS = {"fair_deferral": "invalid_after", "deferral": "sched_at", "work_conserving": "sched_at", "edf": "invalid_after"}
 # The default's look-ahead: a candidate is due this long before its sched_at. A batch sent at
 # sched_at itself has only l(n + 1) - l(n) = alpha (0.05 to 2 ms on Symphony's zoos) before it
 # expires at invalid_after; a timer that fires a millisecond late (asyncio's timers follow the
@@ -311,7 +314,9 @@ class GpuScheduler:
             if state.drop_late and start > candidate.invalid_after + EPSILON_S:
                 # It expired while it waited for a GPU: prune it for this start and choose again.
                 # (A model that serves late rather than refuse is never pruned: its batch goes.)
-                self._form(chosen, state, start)
+                formed = self._form(chosen, state, start)
+                if formed is not None and formed.size and start > formed.invalid_after + EPSILON_S:
+                    self._place(chosen, state, None)  # nothing of it fits now: never choose it again
                 self._due(now)
                 continue
             batch = tuple(itertools.islice(state.queue, candidate.skip, candidate.skip + candidate.size))

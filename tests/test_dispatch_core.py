@@ -273,3 +273,17 @@ def test_a_request_whose_client_left_leaves_the_queue_or_is_discarded():
     done = core.on_batch_done(start.batch, 5.0, 0.005)
     assert done[0] == Finish(start.batch, ())  # the result is discarded
     assert not of(done, Start)
+
+
+def test_a_head_past_its_last_start_with_no_device_up_asks_for_no_wake_up_in_the_past():
+    # The GPU executor never comes up. A request with a 20 ms SLA waits; at 0.05 it is past its
+    # last start, but no device can refuse it for: the core must not ask to be woken at a time
+    # already gone (the shell's timer would fire at once, for ever).
+    core = core_with(gpus=1, policy="work_conserving", cpu=False, gpu_profile=(1.0, 5.0), sla_ms=20, drop_late=True, ready=False)
+    core.on_arrival(Request(1, "m", 0.0), 0.0)
+    for now in (0.05, 0.06):
+        wakes = [a.time for a in core.on_timer(now) if isinstance(a, WakeAt)]
+        assert all(t > now for t in wakes), wakes
+    # When the GPU comes up the request is refused at once: it can no longer finish.
+    (refused,) = of(core.set_executor_ready("gpu-0", True, 0.07), Fail)
+    assert refused.status == 503

@@ -106,12 +106,15 @@ def test_a_hopeless_request_is_refused_at_admission():
     assert admissible(ok, 0.0, fastest_ms)
 
 
-def test_edf_takes_the_earliest_deadline():
+def test_edf_takes_the_earliest_latest_start_as_clockwork_does():
     scheduler = GpuScheduler("edf")
-    scheduler.add_model("a", sla_ms=100, max_batch=8, profile=linear(1, 5))
-    scheduler.add_model("b", sla_ms=30, max_batch=8, profile=linear(1, 5))
-    queues = {"a": requests("a", [0.0], 0.1), "b": requests("b", [0.05], 0.03, first_id=5)}
-    assert dispatched(scheduler.decide(0.051, "gpu:0", 0.051, queues)) == ("b", 1)
+    # a: deadline 0.100, l(1) = 60 ms, so it must start by 0.040; b: deadline 0.080, l(1) = 6 ms,
+    # by 0.074. Clockwork orders by that latest start (Section 5.3): a first, though b's
+    # deadline is earlier.
+    scheduler.add_model("a", sla_ms=100, max_batch=8, profile=linear(50, 10))
+    scheduler.add_model("b", sla_ms=75, max_batch=8, profile=linear(1, 5))
+    queues = {"a": requests("a", [0.0], 0.1), "b": requests("b", [0.005], 0.075, first_id=5)}
+    assert dispatched(scheduler.decide(0.011, "gpu:0", 0.011, queues)) == ("a", 1)
 
 
 def test_profile_learns_a_rolling_high_percentile_and_fits_unseen_sizes():
@@ -298,3 +301,23 @@ def test_the_default_look_ahead_grows_with_a_late_round_trip_and_decays_back():
     for i in range(1000):
         symphony.on_arrival("m", 0.1 + i * 1e-6)
     assert symphony.decide(0.101, "g", 0.101, {"m": queue}) == WaitUntil(pytest.approx(sched_at))
+
+
+@pytest.mark.timeout(10)
+def test_a_batch_never_starts_with_a_request_of_many_rows_that_cannot_fit_alone():
+    # l(b) = b + 5 ms. Behind a head of one row (deadline 7 ms) waits a request of 16 rows that
+    # cannot finish in time even alone (21 ms against 20), then 18 single rows. The early drop
+    # must not pick the 16 rows to start a batch: a candidate that expired before it formed
+    # would be formed again and again.
+    profile = linear(1, 5)
+    queue = RequestQueue.of(
+        [Request(1, "m", 0.0, 0.007), Request(2, "m", 0.0, 0.020, rows=16)] + [Request(i, "m", 0.0, 0.020) for i in range(3, 21)]
+    )
+    scheduler = GpuScheduler("fair_deferral")
+    scheduler.add_model("m", sla_ms=20, max_batch=32, profile=profile, queue=queue)
+    scheduler.on_queue_changed("m", 0.0)
+    decision = scheduler.decide(0.0, "g", 0.0)
+    assert isinstance(decision, Dispatch)
+    rows = sum(r.rows for r in decision.requests)
+    assert profile.latency_ms(rows) / 1000 <= min(r.deadline for r in decision.requests)
+    assert all(r.rows == 1 for r in decision.requests)
