@@ -9,7 +9,8 @@ Policies, chosen in the config so that they can be compared side by side (``gate
   candidate is schedulable (beta x lambda requests, or sched_at), with a look-ahead: a candidate
   is due a millisecond before its sched_at (``DUE_MARGIN_S``). Among the schedulable, models
   whose recent bad rate runs more than a gap over the overall one go first (the fairness bound,
-  schedulers/fairness.py), then the candidate with the least laxity (earliest invalid_after).
+  schedulers/fairness.py), then the candidate with the earliest latest start (invalid_after:
+  Clockwork's order, Section 5.3).
   Under overload the candidate drops a head that would shrink the batch (``early_drop``).
 - ``deferral``: Symphony's policy exactly (Section 4.3): schedulable at beta x lambda requests
   or at sched_at, the earliest sched_at first, Clipper's pruning of what cannot finish.
@@ -278,10 +279,10 @@ class GpuScheduler:
     def _choose(self, now: float) -> str:
         ready = self._ready
         if self.policy == "fair_deferral":
-            # Models behind on their bad rate first (the fairness bound), then least laxity: the
-            # candidate that expires first, which may still go when its turn comes, where the
-            # earliest sched_at would hand the GPU to one that can wait (measured: 7,570 against
-            # 7,289 requests/s of goodput on the 1080Ti zoo; docs/BENCHMARKS.md).
+            # Models behind on their bad rate first (the fairness bound), then Clockwork's order
+            # (the earliest latest start, invalid_after): the candidate that expires first, where
+            # Symphony's earliest sched_at would hand the GPU to one that can still wait
+            # (docs/BENCHMARKS.md: 1.07-1.83x Symphony's goodput, and the same as edf's).
             behind = [n for n in self.fairness.behind_models if n in ready]
             if behind:
                 return min(behind, key=lambda n: ready[n].invalid_after)
