@@ -315,9 +315,8 @@ class GpuScheduler:
             if state.drop_late and start > candidate.invalid_after + EPSILON_S:
                 # It expired while it waited for a GPU: prune it for this start and choose again.
                 # (A model that serves late rather than refuse is never pruned: its batch goes.)
-                formed = self._form(chosen, state, start)
-                if formed is not None and formed.size and start > formed.invalid_after + EPSILON_S:
-                    self._place(chosen, state, None)  # nothing of it fits now: never choose it again
+                # Formed anew it fits: its first request fits alone (form_candidate), so decide ends.
+                self._form(chosen, state, start)
                 self._due(now)
                 continue
             batch = tuple(itertools.islice(state.queue, candidate.skip, candidate.skip + candidate.size))

@@ -142,9 +142,9 @@ def shape_name(shape: float | None) -> str:
     return "poisson" if shape is None else f"{shape:g}"
 
 
-@dataclass(frozen=True)
-class _Bisection:
-    """One seed's bisection, a unit of work for the pool."""
+@dataclass(frozen=True, kw_only=True)
+class _Setting:
+    """What a simulation runs, but for its load: the unit of work for the pool is one of these."""
 
     zoo_name: str
     zoo: tuple[ZooModel, ...]
@@ -153,25 +153,29 @@ class _Bisection:
     policy: str
     duration_s: float
     seed: int
+    dispatch_delay_ms: float
+
+    def simulate_at(self, load: float, stop_above_bad_rate: float | None = None) -> dict[str, Any]:
+        return simulate(
+            list(self.zoo), self.gpus, load, self.shape, self.policy, self.duration_s, self.seed,
+            stop_above_bad_rate=stop_above_bad_rate, dispatch_delay_ms=self.dispatch_delay_ms,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Bisection(_Setting):
+    """One seed's bisection."""
+
     tolerance: float
     bad_limit: float
-    dispatch_delay_ms: float
 
 
-@dataclass(frozen=True)
-class _Point:
-    """One run at ``multiple`` x the policy's peak, a unit of work for the pool."""
+@dataclass(frozen=True, kw_only=True)
+class _Point(_Setting):
+    """One run at ``multiple`` x the policy's peak."""
 
-    zoo_name: str
-    zoo: tuple[ZooModel, ...]
-    gpus: int
-    shape: float | None
-    policy: str
-    duration_s: float
-    seed: int
     multiple: float
     offered_rps: float
-    dispatch_delay_ms: float
 
 
 def _summary(result: Mapping[str, Any], duration_s: float, with_models: bool) -> dict[str, Any]:
@@ -201,10 +205,7 @@ def _bisect(task: _Bisection) -> tuple[_Bisection, float, list[dict[str, Any]]]:
     probes: list[dict[str, Any]] = []
 
     def passes(load: float) -> bool:
-        result = simulate(
-            list(task.zoo), task.gpus, load, task.shape, task.policy, task.duration_s, task.seed,
-            stop_above_bad_rate=task.bad_limit, dispatch_delay_ms=task.dispatch_delay_ms,
-        )  # fmt: skip
+        result = task.simulate_at(load, stop_above_bad_rate=task.bad_limit)
         probes.append(_summary(result, task.duration_s, with_models=False))
         return meets_slo(result, task.bad_limit)
 
@@ -217,11 +218,7 @@ def _bisect(task: _Bisection) -> tuple[_Bisection, float, list[dict[str, Any]]]:
 
 
 def _run_point(task: _Point) -> tuple[_Point, dict[str, Any]]:
-    result = simulate(
-        list(task.zoo), task.gpus, task.offered_rps, task.shape, task.policy, task.duration_s, task.seed,
-        dispatch_delay_ms=task.dispatch_delay_ms,
-    )  # fmt: skip
-    return task, _summary(result, task.duration_s, with_models=True)
+    return task, _summary(task.simulate_at(task.offered_rps), task.duration_s, with_models=True)
 
 
 def _map(function: Callable[[Any], Any], tasks: Sequence[Any], jobs: int) -> Iterator[Any]:
@@ -250,7 +247,18 @@ def zoo_goodput(
     ``jobs`` processes); each seed's goodput, their mean and their minimum, in requests/s.
     ``tolerance`` is a share of ``upper_bound_rps``."""
     tasks = [
-        _Bisection("zoo", tuple(zoo), gpus, shape, policy, duration_s, seed, tolerance, bad_limit, dispatch_delay_ms)
+        _Bisection(
+            zoo_name="zoo",
+            zoo=tuple(zoo),
+            gpus=gpus,
+            shape=shape,
+            policy=policy,
+            duration_s=duration_s,
+            seed=seed,
+            dispatch_delay_ms=dispatch_delay_ms,
+            tolerance=tolerance,
+            bad_limit=bad_limit,
+        )
         for seed in seeds
     ]
     found = {task.seed: (goodput, probes) for task, goodput, probes in _map(_bisect, tasks, jobs)}
@@ -281,7 +289,18 @@ def measure(
     at multiples of that peak (flat-top, idle fraction, autoscaling signals), every run of a
     phase in one pool. Returns a JSON-ready report (``markdown`` renders it)."""
     bisections = [
-        _Bisection(name, tuple(zoo), gpus, shape, policy, duration_s, seed, tolerance, bad_limit, dispatch_delay_ms)
+        _Bisection(
+            zoo_name=name,
+            zoo=tuple(zoo),
+            gpus=gpus,
+            shape=shape,
+            policy=policy,
+            duration_s=duration_s,
+            seed=seed,
+            dispatch_delay_ms=dispatch_delay_ms,
+            tolerance=tolerance,
+            bad_limit=bad_limit,
+        )
         for name, zoo in zoos.items()
         for shape in shapes
         for policy in policies
@@ -298,7 +317,18 @@ def measure(
                  f"goodput {goodput:.0f} req/s ({len(seen)} runs)")  # fmt: skip
 
     points = [
-        _Point(name, tuple(zoo), gpus, shape, policy, duration_s, seed, multiple, multiple * peak, dispatch_delay_ms)
+        _Point(
+            zoo_name=name,
+            zoo=tuple(zoo),
+            gpus=gpus,
+            shape=shape,
+            policy=policy,
+            duration_s=duration_s,
+            seed=seed,
+            dispatch_delay_ms=dispatch_delay_ms,
+            multiple=multiple,
+            offered_rps=multiple * peak,
+        )
         for name, zoo in zoos.items()
         for shape in shapes
         for policy in policies
