@@ -5,7 +5,7 @@
 One model (upconv_m, about 5 ms a request on one core), one CPU executor (1 core) and one
 emulated GPU with a strong batching effect (l(b) = 0.5 b + 8 ms, answering zeros so that the
 emulation costs no CPU), served by `gateway serve`
-with the deferral policy, under the same open-loop Poisson load, twice:
+with the default GPU policy, under the same open-loop Poisson load, twice:
 
 - spill (ours): the CPU takes only the requests that the GPU's projected capacity cannot finish
   by their deadline;
@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import requests
+
+from schedulers.gpu import DEFAULT_POLICY
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -55,7 +57,7 @@ gpus = [0]
 [gpu]
 executor = "emulated"
 profile = "{folder / "profile.csv"}"
-policy = "deferral"
+policy = "{DEFAULT_POLICY}"
 cpu_sharing = "{sharing}"
 emulated_outputs = "zeros"
 [models.upconv_m]
