@@ -5,12 +5,12 @@
 Each system is a config of `gateway serve` with the four stand-in models on CPU executors and
 one GPU executor (the real one with ``--gpu cuda`` where a GPU exists, else the emulated one):
 
-    ROMA      GPU: ROMA's deficit (Algorithm 1)          CPU: PI controllers (eq. 11-12)
-    RR+CT     GPU: round robin                           CPU: PI controllers
+    ROMA      GPU: ROMA's deficit (Algorithm 1)          CPU: PI controllers (eq. 11-12), grant proportional
+    RR+CT     GPU: round robin                           CPU: PI controllers, grant proportional
     RR+rules  GPU: round robin                           CPU: rules, 15 s
     RR+max    GPU: round robin                           CPU: every core, static
     RR+min    GPU: round robin                           CPU: 1/6 of the node, static
-    ours      GPU: deficit x requests per GPU-ms + Symphony deferral, CPU: PI controllers
+    ours      GPU: schedulers.gpu's DEFAULT_POLICY       CPU: feedforward + PI, grant deficit
 
 Every test of ../shared/data/roma_experiment.csv drives each model with open-loop Poisson
 arrivals whose rate changes every 35 s through the listed steps (8 steps, 280 s).
@@ -19,29 +19,40 @@ Scaling to this machine (the rules of benchmarks/roma_cpu.py, plus the GPU):
 - Skylines, GoogLeNet, ResNet, VGG16 are played by upconv_s, upconv_m, upconv_l, upconv_xl;
   each SLA is the paper's divided by 10 (the stand-ins take about a tenth of the paper's CPU
   time, so an SLA stays a similar multiple of a request's CPU time);
-- the emulated GPU serves a request of a model in its single-request CPU time on one core
-  divided by GPU_SPEEDUP = 1 (measured at the start of the run with ONNX Runtime, one thread),
-  with no gain from batching, as ROMA's GPU ran one request at a time;
-- rates are the paper's times RATE_SCALE = 2, so that the run is in the paper's regime, where
-  "faster GPUs alone are usually not enough" (Section 1): at the peak steps the demand is
-  0.9 (2apps-a), 1.15 (2apps-b) and 1.2 (allapps) cores' worth of CPU time against a GPU worth
-  one core, so the CPU executors must take the rest. At the paper's own rates the stand-ins are
-  so light that the GPU alone serves every test and no scheduling or control choice matters.
+- rates are the paper's times RATE_SCALE = 2;
+- the emulated GPU's time for a request of each model comes from a real GPU's profile,
+  benchmarks/profiles/h100.csv (b1_ms: one request on an H100). Only upconv_l of the four
+  stand-ins is in it, so every stand-in takes upconv_l's speedup, its CPU time on one core
+  (measured at the start of the run: ONNX Runtime, one thread) over its H100 b1 time; upconv_l
+  is the nearest measured model of the family (upconv_s, _m and _xl differ from it in channels
+  only). The per-model ratios on the GPU are therefore those of the CPU times;
+- then all GPU times are scaled by one common factor, chosen so that at the peak step of every
+  test the demand on the GPU is at least GPU_OVERLOAD = 1.3 times what it can serve: the
+  paper's regime, where "faster GPUs alone are usually not enough" (Section 1), and the CPU
+  executors must take the rest. The factor, the GPU ms per model and the peak load per test
+  are printed at the start and kept in the JSON;
+- the GPU serves one request at a time, as ROMA's did (beta = 0: a batch of b costs b times
+  one request, no gain from batching; the H100's own fixed cost, 0.086 ms of upconv_l's
+  0.118 ms, would make batches nearly free, a regime ROMA did not run);
 - the node has 1.5 cores for executors; RR+min gives all models together 1/6 of them.
 
-The report: per test and system, mean, max and std of response time, SLA violations per 1 s
-control window and per request, core-seconds, requests served on GPU and CPU, errors; a
-markdown table beside the paper's Table 2; PNG plots like Figure 2 (response time per control
-period against the SLA per model, and cores, over time) under docs/roma/. Raw results in
-benchmarks/work/roma_eval.json.
+What is measured, per test and system: mean, max and std of response time; violations as the
+clients see them, 1 s and 10 s windows by sending time whose mean response time of a model's
+requests (either device) was over its SLA, beside the admin API's count (CPU-served requests
+only) and the requests over their SLA; core-seconds as the admin API reports them (enforced)
+and their ratio to ROMA's and RR+max's; requests served on GPU and CPU; errors. One markdown
+table per test beside the paper's Table 2, the violating windows per rate step, and plots like
+Figure 2, docs/roma/eval-<test>.png (ours and ROMA: per model, mean response time per second
+against the SLA, and cores per control period). Raw results, with every run's client samples
+and admin history, in benchmarks/work/roma_eval.json; ``--table`` reprints from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -51,22 +62,41 @@ import onnxruntime as ort
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from roma_cpu import MODELS, ROOT, STAND_INS, WORK, config_text, load_tests, paper_table, serve_and_drive  # noqa: E402
+from roma_cpu import (  # noqa: E402
+    DOCS,
+    MODELS,
+    STAND_INS,
+    WORK,
+    client_violations,
+    config_text,
+    load_tests,
+    model_record,
+    ok_samples,
+    paper_table,
+    plot_runs,
+    ratio,
+    serve_and_drive,
+    summary,
+    window_means,
+)
 from serving import median_ms  # noqa: E402
 
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
 
-DOCS = ROOT / "docs" / "roma"
-GPU_SPEEDUP = 1.0
 RATE_SCALE = 2
-# name: (GPU policy, CPU control policy, the paper's name)
+H100_PROFILE = HERE / "profiles" / "h100.csv"
+# The H100 row whose speedup each stand-in takes: the nearest measured model of its family.
+H100_ROW = {"upconv_s": "upconv_l", "upconv_m": "upconv_l", "upconv_l": "upconv_l", "upconv_xl": "upconv_l"}
+# The peak step of every test asks the GPU for at least this many times what it can serve.
+GPU_OVERLOAD = 1.3
+# name: (GPU policy, CPU control policy, grant, the paper's name)
 SYSTEMS = {
-    "roma": ("roma", "pi", "ROMA"),
-    "rr+ct": ("round_robin", "pi", "RR+CT"),
-    "rr+rules": ("round_robin", "rules", "RR+rules"),
-    "rr+max": ("round_robin", "max", "RR+max"),
-    "rr+min": ("round_robin", "min", "RR+min"),
-    "ours": (DEFAULT_POLICY, "pi", None),
+    "roma": ("roma", "pi", "proportional", "ROMA"),
+    "rr+ct": ("round_robin", "pi", "proportional", "RR+CT"),
+    "rr+rules": ("round_robin", "rules", "proportional", "RR+rules"),
+    "rr+max": ("round_robin", "max", "", "RR+max"),
+    "rr+min": ("round_robin", "min", "", "RR+min"),
+    "ours": (DEFAULT_POLICY, "feedforward", "deficit", None),
 }
 
 
@@ -79,22 +109,71 @@ def cpu_time_ms(model: str) -> float:
     return median_ms(lambda: session.run(None, {"x": x}), 20, 100)
 
 
-def write_profile(path: Path) -> dict[str, float]:
-    gpu_ms = {model: cpu_time_ms(model) / GPU_SPEEDUP for model in STAND_INS.values()}
+def peak_load(apps: list[dict], ms: dict[str, float]) -> float:
+    """The busiest rate step of a test, in ms of work per second when a request of each model
+    costs ``ms[model]``."""
+    steps = max(len(app["rates"]) for app in apps)
+    return max(
+        sum(app["rates"][step] * ms[STAND_INS[app["app"]]] for app in apps if step < len(app["rates"])) for step in range(steps)
+    )
+
+
+def gpu_profile(tests: dict[str, list[dict]]) -> dict:
+    """The emulated GPU's ms a request per model (see the module docstring), and how it was
+    reached. ``tests`` carry the rates this run drives (RATE_SCALE applied)."""
+    with open(H100_PROFILE) as handle:
+        h100_b1 = {row["model"]: float(row["b1_ms"]) for row in csv.DictReader(handle)}
+    cpu_ms = {model: cpu_time_ms(model) for model in STAND_INS.values()}
+    speedup = {model: cpu_ms[row] / h100_b1[row] for model, row in H100_ROW.items()}
+    h100_ms = {model: cpu_ms[model] / speedup[model] for model in cpu_ms}
+    # one factor for every model: the lightest test's peak needs GPU_OVERLOAD x the GPU's 1000 ms a second
+    scale = GPU_OVERLOAD * 1000 / min(peak_load(apps, h100_ms) for apps in tests.values())
+    gpu_ms = {model: ms * scale for model, ms in h100_ms.items()}
+    return {
+        "cpu_ms": cpu_ms,
+        "h100_row": H100_ROW,
+        "h100_speedup": speedup,
+        "h100_ms": h100_ms,
+        "scale": scale,
+        "gpu_ms": gpu_ms,
+        # the GPU's load at each test's peak step (1 = all it can serve), and the same work in cores
+        "peak_gpu_load": {test: peak_load(apps, gpu_ms) / 1000 for test, apps in tests.items()},
+        "peak_cpu_cores": {test: peak_load(apps, cpu_ms) / 1000 for test, apps in tests.items()},
+    }
+
+
+def print_gpu(gpu: dict) -> None:
+    print(
+        f"emulated GPU: every stand-in takes the H100 speedup of {', '.join(sorted(set(gpu['h100_row'].values())))} "
+        f"(the nearest measured model of its family), CPU ms / H100 b1 ms = "
+        f"{gpu['h100_speedup']['upconv_l']:.1f}; then all times x {gpu['scale']:.1f} so that each test's peak step "
+        f"needs at least {GPU_OVERLOAD}x the GPU; one request at a time (beta = 0)"
+    )
+    print("| model | CPU ms (1 core) | H100 ms | emulated GPU ms | GPU speedup over 1 core |")
+    print("|---|---|---|---|---|")
+    for model, ms in gpu["gpu_ms"].items():
+        cpu = gpu["cpu_ms"][model]
+        print(f"| {model} | {cpu:.3f} | {gpu['h100_ms'][model]:.4f} | {ms:.3f} | {cpu / ms:.2f} |")
+    print("| test | peak GPU load (1 = its capacity) | peak demand in cores (CPU ms) |")
+    print("|---|---|---|")
+    for test, load in gpu["peak_gpu_load"].items():
+        print(f"| {test} | {load:.2f} | {gpu['peak_cpu_cores'][test]:.2f} |", flush=True)
+
+
+def write_profile(path: Path, gpu_ms: dict[str, float]) -> None:
     rows = ["model,alpha_ms,beta_ms"] + [f"{m},{ms:.4f},0" for m, ms in gpu_ms.items()]
     path.write_text("\n".join(rows) + "\n")
-    return gpu_ms
 
 
 def write_config(path: Path, apps: list[dict], system: str, port: int, profile: Path, gpu_executor: str) -> None:
-    gpu_policy, control, _ = SYSTEMS[system]
+    gpu_policy, control, grant, _ = SYSTEMS[system]
     gpu = (
         f'executor = "{gpu_executor}"',
         f'profile = "{profile}"',
         f'policy = "{gpu_policy}"',
         'emulated_outputs = "zeros"',  # the emulated GPU must not spend this machine's cores
     )
-    path.write_text(config_text(apps, control, port, gpu=gpu))
+    path.write_text(config_text(apps, control, port, grant=grant, gpu=gpu))
 
 
 def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: int, profile: Path, gpu: str) -> dict:
@@ -102,152 +181,98 @@ def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: in
     config = WORK / f"eval-{test}-{system}.toml"
     write_config(config, apps, system, port, profile, gpu)
     served = serve_and_drive(config, port, apps, step_s, seed)
-    results, before, after, histories = served.results, served.before, served.after, served.histories
-
-    latencies = [lat for rows in results.values() for _, lat, status in rows if status == 200] or [float("nan")]
-
-    def delta(name: str, *keys: str) -> float:
-        a, b = after[name]["stats"], before[name]["stats"]
-        for key in keys[:-1]:
-            a, b = a.get(key, {}), b.get(key, {})
-        return a.get(keys[-1], 0) - b.get(keys[-1], 0)
 
     per_model = {}
     for app in apps:
         name = STAND_INS[app["app"]]
-        rows = results[name]
-        ok = [lat for _, lat, status in rows if status == 200]
+        before, after = served.before[name]["stats"], served.after[name]["stats"]
+
+        def served_on(device: str, before: dict = before, after: dict = after) -> int:
+            return after.get("served_on", {}).get(device, 0) - before.get("served_on", {}).get(device, 0)
+
         per_model[name] = {
             "app": app["app"],
-            "sla_ms": app["sla_ms"],
-            "requests": len(rows),
-            "mean_rt_ms": statistics.fmean(ok) if ok else None,
-            "request_violations": sum(1 for lat in ok if lat > app["sla_ms"]),
-            "window_violations": delta(name, "window_violations"),
-            "served_gpu": delta(name, "served_on", "gpu:0"),
-            "served_cpu": delta(name, "served_on", "cpu"),
-            "history": histories[name],
-            # per request: (sent at s, latency ms) for the plots
-            "samples": [(round(t, 3), round(lat, 2)) for t, lat, status in rows if status == 200],
+            **model_record(app["sla_ms"], served.results[name], served.histories[name], served.before[name], served.after[name]),
+            "served_gpu": served_on("gpu:0"),
+            "served_cpu": served_on("cpu"),
         }
     return {
         "test": test,
         "system": system,
-        "requests": sum(len(rows) for rows in results.values()),
-        "errors": sum(1 for rows in results.values() for *_, status in rows if status != 200),
-        "mean_rt_ms": statistics.fmean(latencies),
-        "max_rt_ms": max(latencies),
-        "std_rt_ms": statistics.pstdev(latencies),
-        "window_violations": sum(m["window_violations"] for m in per_model.values()),
-        "request_violations": sum(m["request_violations"] for m in per_model.values()),
-        "core_seconds": sum(after[n]["stats"]["core_seconds"] - before[n]["stats"]["core_seconds"] for n in after),
+        "clock_start": served.start,
+        **summary(per_model),
         "served_gpu": sum(m["served_gpu"] for m in per_model.values()),
         "served_cpu": sum(m["served_cpu"] for m in per_model.values()),
         "per_model": per_model,
     }
 
 
-def plot(rows: list[dict], test: str) -> Path:
-    """Figure 2 of the paper for one test: per system, the mean response time of each second's
-    requests (both devices) against the SLA, and each model's CPU cores per control period."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chosen = [r for r in rows if r["test"] == test]
-    chosen.sort(key=lambda r: list(SYSTEMS).index(r["system"]))
-    figure, axes = plt.subplots(2, len(chosen), figsize=(4 * len(chosen), 6), sharex=True, squeeze=False)
-    for column, row in enumerate(chosen):
-        top, bottom = axes[0][column], axes[1][column]
-        for index, (name, model) in enumerate(row["per_model"].items()):
-            color = f"C{index}"
-            windows: dict[int, list[float]] = {}
-            for sent, latency in model["samples"]:
-                windows.setdefault(int(sent), []).append(latency)
-            seconds = sorted(windows)
-            top.plot(seconds, [statistics.fmean(windows[t]) for t in seconds], color=color, lw=0.8,
-                     label=f"{model['app']} ({name})")  # fmt: skip
-            top.axhline(model["sla_ms"], color=color, ls="--", lw=0.8)
-            history = model["history"]
-            if history:
-                t0 = history[0]["t"]
-                bottom.plot([h["t"] - t0 for h in history], [h["cores"] for h in history], color=color, lw=0.8)
-        title = SYSTEMS[row["system"]][2] or "ours (deferral)"
-        top.set_title(f"{title}: V={client_window_violations(row)}, {row['core_seconds']:.0f} core-s", fontsize=9)
-        top.set_ylabel("mean RT per 1 s (ms)")
-        top.set_yscale("log")
-        bottom.set_ylabel("cores")
-        bottom.set_xlabel("s")
-    axes[0][0].legend(fontsize=7)
-    figure.suptitle(f"{test}: response time (all requests) against the SLA (dashed), and CPU cores", fontsize=10)
-    figure.tight_layout()
-    DOCS.mkdir(parents=True, exist_ok=True)
-    path = DOCS / f"{test}.png"
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
-    return path
+def label(system: str) -> str:
+    return SYSTEMS[system][3] or "ours"
 
 
-def client_window_violations(row: dict) -> int:
-    """1 s windows (by sending time) whose mean response time over all of a model's requests,
-    on either device, was over its SLA: ROMA's V as the clients see it. The admin API's own
-    window count covers the CPU-served requests only, which is what the CT controllers regulate."""
-    count = 0
-    for model in row["per_model"].values():
-        windows: dict[int, list[float]] = {}
-        for sent, latency in model["samples"]:
-            windows.setdefault(int(sent), []).append(latency)
-        count += sum(1 for values in windows.values() if statistics.fmean(values) > model["sla_ms"])
-    return count
+def plot(rows: list[dict], test: str, step_s: float) -> Path | None:
+    """Figure 2 of the paper for one test, ours and ROMA side by side."""
+    by_system = {r["system"]: r for r in rows if r["test"] == test}
+    runs = [
+        (f"{label(s)}: V={client_violations(by_system[s])}, {by_system[s]['core_seconds']:.0f} core-s", by_system[s])
+        for s in ("ours", "roma")
+        if s in by_system
+    ]
+    if not runs:
+        return None
+    title = f"{test}: mean RT per second (both devices) vs SLA (dashed), CPU cores per period (grey), rate steps dotted"
+    marks = tuple(step * step_s for step in range(1, max(len(app["rates"]) for app in load_tests()[test])))
+    return plot_runs(runs, DOCS / f"eval-{test}.png", title, marks)
 
 
 def print_steps(rows: list[dict], step_s: float) -> None:
     """Where the violations are: per test, model and rate step, the violating 1 s windows of each system."""
     for test in sorted({r["test"] for r in rows}):
         chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: list(SYSTEMS).index(r["system"]))
-        names = [SYSTEMS[r["system"]][2] or "ours" for r in chosen]
-        print(f"\n{test}: violating 1 s windows per rate step (steps of {step_s:g} s)")
-        print("| model | step | " + " | ".join(names) + " |")
-        print("|---|---|" + "---|" * len(names))
+        print(f"\n{test}: violating 1 s windows (clients) per rate step (steps of {step_s:g} s)\n")
+        print("| model | step | " + " | ".join(label(r["system"]) for r in chosen) + " |")
+        print("|---|---|" + "---|" * len(chosen))
         for model in chosen[0]["per_model"]:
             steps = len(next(a for a in load_tests()[test] if STAND_INS[a["app"]] == model)["rates"])
             for step in range(steps):
                 cells = []
                 for row in chosen:
-                    windows: dict[int, list[float]] = {}
-                    for sent, latency in row["per_model"][model]["samples"]:
-                        if step * step_s <= sent < (step + 1) * step_s:
-                            windows.setdefault(int(sent), []).append(latency)
-                    sla = row["per_model"][model]["sla_ms"]
-                    cells.append(str(sum(1 for v in windows.values() if statistics.fmean(v) > sla)))
+                    record = row["per_model"][model]
+                    means = window_means([(t, lat) for t, lat in ok_samples(record) if step * step_s <= t < (step + 1) * step_s])
+                    cells.append(str(sum(1 for mean in means.values() if mean > record["sla_ms"])))
                 if any(c != "0" for c in cells):
                     app = chosen[0]["per_model"][model]["app"]
                     print(f"| {app} ({model}) | {step + 1} | " + " | ".join(cells) + " |")
 
 
-def print_table(rows: list[dict]) -> None:
+def print_tables(rows: list[dict]) -> None:
+    """One table per test, every system that ran, beside the paper's Table 2."""
     paper = paper_table()
-    print(
-        "\n| test | system | mean ms | max ms | std ms | V (1 s windows) | V (CPU windows) | V (requests) | core-s "
-        "| GPU / CPU requests | errors "
-        "| paper: mean s | max s | std s | V | core-s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for row in sorted(rows, key=lambda r: (r["test"], list(SYSTEMS).index(r["system"]))):
-        name = SYSTEMS[row["system"]][2]
-        p = paper.get((row["test"], name)) if name else None
-        theirs = (
-            f"{p['avg_rt_s']} | {p['max_rt_s']} | {p['std_rt_s']} | {p['violations']} | {p['core_seconds']}"
-            if p
-            else "- | - | - | - | -"
-        )
+    for test in sorted({r["test"] for r in rows}):
+        chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: list(SYSTEMS).index(r["system"]))
+        by_system = {r["system"]: r for r in chosen}
+        print(f"\n{test}\n")
         print(
-            f"| {row['test']} | {name or 'ours (deferral + PI)'} | {row['mean_rt_ms']:.1f} | {row['max_rt_ms']:.0f} | "
-            f"{row['std_rt_ms']:.1f} | {client_window_violations(row)} | {row['window_violations']} | "
-            f"{row['request_violations']} | {row['core_seconds']:.0f} | "
-            f"{row['served_gpu']} / {row['served_cpu']} | {row['errors']} | {theirs} |"
+            "| system | mean ms | max ms | std ms | V 1 s (clients) | V 10 s (clients) | V 1 s (admin, CPU) | V requests "
+            "| core-s | x ROMA | x RR+max | GPU / CPU requests | errors | paper: mean s | max s | std s | V | core-s |"
         )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for row in chosen:
+            name = SYSTEMS[row["system"]][3]
+            p = paper.get((test, name)) if name else None
+            theirs = (
+                f"{p['avg_rt_s']} | {p['max_rt_s']} | {p['std_rt_s']} | {p['violations']} | {p['core_seconds']}"
+                if p
+                else " | ".join("-" * 5)
+            )
+            print(
+                f"| {name or 'ours (' + DEFAULT_POLICY + ' + feedforward, deficit)'} | {row['mean_rt_ms']:.1f} "
+                f"| {row['max_rt_ms']:.0f} | {row['std_rt_ms']:.1f} | {client_violations(row)} | {client_violations(row, 10)} "
+                f"| {row['window_violations']} | {row['request_violations']} | {row['core_seconds']:.0f} "
+                f"| {ratio(row, by_system.get('roma'))} | {ratio(row, by_system.get('rr+max'))} "
+                f"| {row['served_gpu']} / {row['served_cpu']} | {row['errors']} | {theirs} |"
+            )
 
 
 def main() -> int:
@@ -257,40 +282,49 @@ def main() -> int:
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--gpu", choices=["emulated", "cuda"], default="emulated")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--table", action="store_true", help="only print the table and draw the plots of the results so far")
+    parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
     args = parser.parse_args()
     out_path = WORK / "roma_eval.json"
     if args.table:
-        rows = json.loads(out_path.read_text())
+        saved = json.loads(out_path.read_text())
     else:
+        unknown = [s for s in args.systems.split(",") if s not in SYSTEMS]
+        if unknown:
+            raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
         WORK.mkdir(exist_ok=True)
-        profile = WORK / "roma_eval_gpu.csv"
-        gpu_ms = write_profile(profile)
-        print("GPU profile (ms a request):", {m: round(v, 3) for m, v in gpu_ms.items()}, flush=True)
         tests = load_tests()
         for apps in tests.values():
             for app in apps:
                 app["rates"] = [rate * RATE_SCALE for rate in app["rates"]]
-        rows = []
+        gpu = gpu_profile(tests)
+        print_gpu(gpu)
+        profile = WORK / "roma_eval_gpu.csv"
+        write_profile(profile, gpu["gpu_ms"])
+        saved = {"gpu": gpu, "gpu_overload": GPU_OVERLOAD, "rate_scale": RATE_SCALE, "step_s": args.step_s, "rows": []}
         for test in args.tests.split(","):
             for system in args.systems.split(","):
                 row = run_system(test, tests[test], system, args.step_s, args.seed, profile, args.gpu)
-                rows.append(row)
-                meta = {"gpu_ms": gpu_ms, "gpu_speedup": GPU_SPEEDUP, "rate_scale": RATE_SCALE, "step_s": args.step_s}
-                out_path.write_text(json.dumps({**meta, "rows": rows}, indent=1))
+                saved["rows"].append(row)
+                out_path.write_text(json.dumps(saved, separators=(",", ":")))
                 print(
-                    f"{test} {system}: mean {row['mean_rt_ms']:.1f} ms, max {row['max_rt_ms']:.0f}, V {row['window_violations']} "
-                    f"windows / {row['request_violations']} requests, {row['core_seconds']:.0f} core-s, "
-                    f"GPU {row['served_gpu']} CPU {row['served_cpu']}, {row['errors']} errors",
+                    f"{test} {system}: mean {row['mean_rt_ms']:.1f} ms, max {row['max_rt_ms']:.0f}, "
+                    f"V {client_violations(row)} 1 s / {client_violations(row, 10)} 10 s windows (clients), "
+                    f"{row['window_violations']} (admin), {row['request_violations']} requests, "
+                    f"{row['core_seconds']:.0f} core-s, GPU {row['served_gpu']} CPU {row['served_cpu']}, {row['errors']} errors",
                     flush=True,
                 )
-        rows = json.loads(out_path.read_text())
-    step_s = rows.get("step_s", args.step_s) if isinstance(rows, dict) else args.step_s
-    rows = rows["rows"] if isinstance(rows, dict) else rows
-    print_table(rows)
+    if isinstance(saved, list):  # an older file: the rows only
+        saved = {"rows": saved}
+    elif "gpu" in saved and args.table:
+        print_gpu(saved["gpu"])
+    rows = saved["rows"]
+    print_tables(rows)
+    step_s = saved.get("step_s", args.step_s)
     print_steps(rows, step_s)
     for test in sorted({r["test"] for r in rows}):
-        print("plot:", plot(rows, test))
+        path = plot(rows, test, step_s)
+        if path:
+            print("plot:", path)
     return 0
 
 

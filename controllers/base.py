@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from schedulers.profiles import percentile
 
 
 @dataclass
@@ -22,16 +24,20 @@ class Window:
     cpu_s: float = 0.0  # CPU time the executor used meanwhile (0 when unmeasured)
     waiting: int = 0  # requests queued for or running on the executor at the end
     oldest_wait_ms: float | None = None  # age of the oldest of them at the end (None: none waits)
+    # Each completed request's response time, for the percentile and deadline SLA measures.
+    times_ms: list[float] = field(default_factory=list)
 
     def add(self, rt_ms: float) -> None:
         self.count += 1
         self.total_ms += rt_ms
+        self.times_ms.append(rt_ms)
 
     def merge(self, other: Window) -> None:
         """Extend this window by the later ``other``: sums add, the end state is ``other``'s."""
         self.count += other.count
         self.total_ms += other.total_ms
         self.cpu_s += other.cpu_s
+        self.times_ms.extend(other.times_ms)
         self.waiting, self.oldest_wait_ms = other.waiting, other.oldest_wait_ms
 
     @property
@@ -42,6 +48,14 @@ class Window:
     def mean_ms(self) -> float | None:
         """Mean response time of the requests completed in the window (None: none completed)."""
         return self.total_ms / self.count if self.count else None
+
+    def percentile_ms(self, q: float) -> float | None:
+        """The q-th percentile of the completed requests' response times (None: none completed)."""
+        return percentile(self.times_ms, q) if self.times_ms else None
+
+    def late(self, sla_ms: float) -> int:
+        """Completed requests whose response time was over ``sla_ms``."""
+        return sum(1 for t in self.times_ms if t > sla_ms)
 
     @property
     def response_ms(self) -> float | None:

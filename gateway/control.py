@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
 from controllers.base import CoreController
+from controllers.feedforward import FeedForwardController
 from controllers.pi import PIController
 from controllers.rules import RuleController
 from controllers.static import StaticController
@@ -59,6 +61,19 @@ def make_controller(policy: str, model: ModelConfig, control: ControlConfig, nod
             b=plant.zero,
             q=plant.pole,
             setpoint_ratio=control.setpoint_ratio,
+            period_s=control.period_s,
+        )
+    if policy == "feedforward":
+        plant = model.plant
+        return FeedForwardController(
+            initial_cores=cpu.cores,
+            min_cores=cpu.min_cores,
+            max_cores=cpu.max_cores,
+            measure=model.measure,
+            k=plant.gain,
+            b=plant.zero,
+            q=plant.pole,
+            setpoint_ratio=control.feedforward_setpoint_ratio,
             period_s=control.period_s,
         )
     if policy == "rules":
@@ -117,6 +132,7 @@ class ControlLoop:
                 sum(min_cores.values()),
                 available,
             )
+        started = clock()
         self.supervisor = NodeSupervisor(
             controllers,
             initial,
@@ -124,8 +140,10 @@ class ControlLoop:
             reserved_cores=control.reserved_cores,
             spare_share=control.spare_share,
             min_cores=min_cores,
-            now=clock(),
+            now=started,
             tick_s=control.period_s,
+            grant_rule=control.grant,
+            setpoint_ratio=control.setpoint_ratio,
         )
         #: What each executor starts with: the initial demands fitted to the node (the
         #: controllers were told the same values: their first step starts from them).
@@ -133,6 +151,8 @@ class ControlLoop:
         # The last cores granted to each model: where a model handed back to its policy starts.
         self._granted = dict(self.initial_cores)
         self.pinned: dict[str, float | None] = {}
+        self._last_tick = started
+        self._reacted: dict[str, float] = {}  # when each model last raised its demand between periods
         self._task: asyncio.Task[None] | None = None
 
     def _controller(self, model: ModelConfig) -> CoreController:
@@ -187,12 +207,31 @@ class ControlLoop:
     def tick(self, now: float | None = None) -> dict[str, Allocation]:
         """One control period: measure, decide (controllers and ROMA Algorithm 2), apply, record."""
         now = self.clock() if now is None else now
+        self._last_tick = now
         windows = dict(self.measure())
         sla = {name: self.sla_ms(name) for name in self.models}
         allocations = self.supervisor.step(now, windows, sla)
         self._apply(allocations)
         self.on_period(now, allocations, windows)
         return allocations
+
+    def react(self, name: str, so_far: Callable[[], Window], now: float | None = None) -> bool:
+        """Work reached ``name``'s CPU executor between periods (the GPUs spilled to it): let its
+        controller raise its demand at once if it predicts one (``FeedForwardController.react``;
+        ROMA's controllers only act on the period). ``so_far()`` is what the executor did since the
+        last period, with the work waiting now (asked for only when the controller is asked).
+        At most once per tenth of a period per model.
+        True when the cores were raised."""
+        now = self.clock() if now is None else now
+        controller = self.supervisor.controllers.get(name)
+        if not isinstance(controller, FeedForwardController) or now - self._reacted.get(name, -math.inf) < self.period_s / 10:
+            return False
+        self._reacted[name] = now
+        demand = controller.react(so_far(), self.sla_ms(name), now - self._last_tick)
+        if demand is None:
+            return False
+        self._apply(self.supervisor.raise_demand(name, demand))
+        return True
 
     def _apply(self, allocations: Mapping[str, Allocation]) -> None:
         for name, allocation in allocations.items():

@@ -104,10 +104,11 @@ class ModelRuntime:
     received: int = 0  # infer requests received; each ends in exactly one of ``outcomes``
 
     def close_window(self, now: float, served: Window, demanded: float, granted: float) -> None:
-        """ROMA's violation (Section 5): the mean response time of a control window over the SLA."""
+        """ROMA's violation (Section 5): the mean response time of a control window over the SLA,
+        or the model's own measure of it (``sla_measure``: a percentile, every deadline)."""
         mean = served.mean_ms
         self.windows += 1
-        violated = mean is not None and mean > self.sla_ms
+        violated = self.config.measure.violated(served, self.sla_ms)
         self.window_violations += violated
         self.history.append(
             {
@@ -193,6 +194,11 @@ class Engine:
             self.executors[executor.id] = executor
             self.core.add_executor(executor.id, CPU, name)
             self.models[name].executors.append(executor)
+        # ROMA's GC (Section 3, Algorithm 2): the cores the supervisor keeps from the models feed the
+        # GPUs, so the GPU executors get them, shared evenly, as a quota of their own (a group per
+        # executor id) that the models' executors cannot take. GC = 0: uncapped, as before.
+        reserved = config.control.reserved_cores
+        gpu_cores = reserved / len(config.node.gpus) if reserved > 0 and config.node.gpus else 0.0
         for device_id in config.node.gpus:
             emulate = (
                 {name: gpu.profiles[m.gpu_profile or name] for name, m in config.models.items()}
@@ -204,7 +210,8 @@ class Engine:
                 {name: m.path for name, m in config.models.items()},
                 device=f"gpu:{device_id}",
                 threads=1,
-                cores=0.0,
+                cores=gpu_cores,
+                actuator=self.actuator if gpu_cores > 0 else None,
                 socket_dir=self._socket_dir,
                 emulate=emulate,
                 emulate_zeros=gpu.emulated_outputs == "zeros",
@@ -479,6 +486,8 @@ class Engine:
                 task = asyncio.create_task(self._run_batch(action.batch))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                if action.batch.device == CPU:
+                    self._cpu_work_started(self.models[action.batch.model])
             elif isinstance(action, Finish):
                 self._finish(action)
             elif isinstance(action, Fail):
@@ -489,6 +498,20 @@ class Engine:
                 self._wake_at(action.time)
         for name in self.core.models:
             self.metrics.for_model(name).queue_length.set(self.core.queue_length(name))
+
+    def _cpu_work_started(self, runtime: ModelRuntime) -> None:
+        """A CPU executor started a batch: work is reaching it, from the clients or spilled by
+        the GPUs (the spill is an arrival rate of the CPU executor too). Its controller hears of
+        it now, not at the period's end (the control loop asks it at most ten times a period)."""
+        if self.control is None:
+            return
+
+        def so_far() -> Window:
+            window = Window(runtime.window.count, runtime.window.total_ms)
+            window.waiting, window.oldest_wait_ms = self.core.cpu_backlog(runtime.name, self.now)
+            return window
+
+        self.control.react(runtime.name, so_far)
 
     def _wake_at(self, when: float) -> None:
         if when >= self._timer_at or when == float("inf"):

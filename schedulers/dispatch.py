@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from schedulers.admission import admissible
+from schedulers.cpu_batch import cpu_batch_rows
 from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
 from schedulers.profiles import LatencyProfile
 from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
@@ -544,7 +545,10 @@ class DispatchCore:
             share = self._cpu_share(state, now)  # another executor of the model may have taken some
             if not share:
                 continue
-            limit = min(state.max_batch, sum(r.rows for r in itertools.islice(state.queue, share)))
+            # Rows only where they amortize the CPU's fixed cost, within the head's deadline (schedulers/cpu_batch.py).
+            available = sum(r.rows for r in itertools.islice(state.queue, share))
+            slack_ms = (state.queue[0].deadline - now) * 1000
+            limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms)
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)
 

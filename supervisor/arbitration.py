@@ -62,3 +62,38 @@ def arbitrate(
             break
         fixed |= under
     return {name: floors[name] if name in fixed else u * factor for name, u in demands.items()}
+
+
+def arbitrate_by_deficit(
+    demands: Mapping[str, float],
+    deficits: Mapping[str, float],
+    node_cores: float,
+    reserved_cores: float = 0.0,
+    spare_share: float = SPARE_SHARE,
+    min_cores: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Ours, beside Algorithm 2's proportional eta: under contention the models furthest from
+    their targets are served first.
+
+    ``deficits[name]`` is how far the model is from its target (its measured response time
+    over its set point; larger is further behind). Without contention it is Algorithm 2
+    exactly (every demand granted, the spare shared by gamma). With it, every model first gets
+    its minimum (as ``arbitrate``), then the rest goes to whole demands in decreasing order of
+    deficit, the last one served getting what remains. Scaling every demand by eta leaves
+    every model short of the cores it needs; this leaves short only those that are ahead of
+    their targets, which can best afford it.
+    """
+    available = max(0.0, node_cores - reserved_cores)
+    total = sum(demands.values())
+    if total <= available or total <= 0:
+        return arbitrate(demands, node_cores, reserved_cores, spare_share, min_cores)
+    floors = {name: max(0.0, min(u, (min_cores or {}).get(name, 0.0))) for name, u in demands.items()}
+    if sum(floors.values()) >= available:
+        return arbitrate(demands, node_cores, reserved_cores, spare_share, min_cores)
+    granted = dict(floors)
+    left = available - sum(floors.values())
+    for name in sorted(demands, key=lambda n: -deficits.get(n, 0.0)):
+        extra = min(demands[name] - floors[name], left)
+        granted[name] += extra
+        left -= extra
+    return granted

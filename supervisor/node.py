@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controllers.base import CoreController, Window
-from supervisor.arbitration import arbitrate
+from supervisor.arbitration import arbitrate, arbitrate_by_deficit
+
+# How the demands are fitted to the node under contention: ROMA Algorithm 2's proportional
+# eta, or ours, the models furthest from their targets first (supervisor/arbitration.py).
+GRANT_RULES = ("proportional", "deficit")
 
 __all__ = ["Allocation", "NodeSupervisor", "Window"]
 
@@ -42,12 +46,19 @@ class NodeSupervisor:
         min_cores: Mapping[str, float] | None = None,
         now: float = 0.0,
         tick_s: float = 1.0,
+        grant_rule: str = "proportional",
+        setpoint_ratio: float = 0.8,
     ):
+        if grant_rule not in GRANT_RULES:
+            raise ValueError(f"unknown grant rule {grant_rule!r}: one of {', '.join(GRANT_RULES)}")
+        self.grant_rule, self.setpoint_ratio = grant_rule, setpoint_ratio
         self.controllers = dict(controllers)
         self.node_cores, self.reserved_cores, self.spare_share = node_cores, reserved_cores, spare_share
         self.min_cores = dict(min_cores or {})
         self.tick_s = tick_s
         self._demands = dict(initial_cores)
+        # Each model's last measured response time over its set point (0: on target or idle).
+        self.deficits = {name: 0.0 for name in controllers}
         self._pending = {name: Window() for name in controllers}
         self._due = {name: now + c.period_s for name, c in controllers.items()}
         #: The initial demands fitted to the node: what the executors start with, and (written
@@ -75,15 +86,28 @@ class NodeSupervisor:
             # Half a tick of tolerance: timers fire a little early or late, and a period must
             # never be skipped (nor taken twice) for that.
             if now >= self._due[name] - self.tick_s / 2:
+                response = window.response_ms
+                self.deficits[name] = response / (self.setpoint_ratio * sla_ms[name]) if response else 0.0
                 self._demands[name] = controller.demand(window, sla_ms[name])
                 self._pending[name] = Window()
                 self._due[name] = now + controller.period_s
         return self.grant()
 
+    def raise_demand(self, name: str, demand: float) -> dict[str, Allocation]:
+        """A controller asked for more between periods (``FeedForwardController.react``): fit
+        the new demand to the node now."""
+        self._demands[name] = max(self._demands[name], demand)
+        return self.grant()
+
     def grant(self) -> dict[str, Allocation]:
-        """Fit the current demands to the node (ROMA Algorithm 2) and tell every controller
-        what it was granted."""
-        granted = arbitrate(self._demands, self.node_cores, self.reserved_cores, self.spare_share, self.min_cores)
+        """Fit the current demands to the node (ROMA Algorithm 2, or the deficit order) and tell
+        every controller what it was granted."""
+        if self.grant_rule == "deficit":
+            granted = arbitrate_by_deficit(
+                self._demands, self.deficits, self.node_cores, self.reserved_cores, self.spare_share, self.min_cores
+            )
+        else:
+            granted = arbitrate(self._demands, self.node_cores, self.reserved_cores, self.spare_share, self.min_cores)
         for name, controller in self.controllers.items():
             controller.granted(granted[name])
         return {name: Allocation(self._demands[name], granted[name]) for name in self.controllers}

@@ -19,7 +19,9 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, ConfigDict, Field, with_config
 
+from controllers.feedforward import FEEDFORWARD_SETPOINT
 from controllers.pi import DEFAULT_GAIN, DEFAULT_POLE, DEFAULT_ZERO
+from controllers.sla_measure import SlaMeasure
 from schedulers.gpu import DEFAULT_POLICY, POLICIES
 
 DEFAULT_PORT = 8000
@@ -70,7 +72,9 @@ def _host_cores() -> float:
 ExecutorBackend = Literal["process", "docker"]
 GpuExecutor = Literal["cuda", "emulated"]
 GpuPolicy = Literal[POLICIES]  # type: ignore[valid-type]  # schedulers/gpu.py's names
-ControlPolicy = Literal["fixed", "pi", "rules", "max", "min"]
+ControlPolicy = Literal["fixed", "pi", "feedforward", "rules", "max", "min"]
+GrantRule = Literal["proportional", "deficit"]
+SlaMeasureName = Literal["mean", "percentile", "deadline"]
 Actuator = Literal["auto", "cgroup", "affinity"]
 EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
 GPU_EXECUTORS: tuple[str, ...] = get_args(GpuExecutor)
@@ -177,13 +181,20 @@ class ControlConfig:
     """[control]: the CPU control plane (ROMA Sections 3-5): which controller, how often, how arbitrated."""
 
     policy: ControlPolicy = "fixed"
-    """fixed (cores as configured), pi (ROMA's CT), rules, max, min."""
+    """fixed (cores as configured), pi (ROMA's CT), feedforward (ours: predicted from the
+    measured load, corrected by ROMA's PI), rules, max, min."""
     period_s: PositiveFloat = 1.0
     """ROMA's control period."""
     setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
     """ROMA's alpha: the set point is alpha x SLA."""
+    feedforward_setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = FEEDFORWARD_SETPOINT
+    """The feedforward policy's own alpha: lower than ROMA's 0.8, because one-second windows of
+    millisecond requests scatter widely around their mean (controllers/feedforward.py)."""
     spare_share: Share = 0.0
     """ROMA's gamma: share of the spare cores handed out."""
+    grant: GrantRule = "proportional"
+    """Under contention: proportional (ROMA Algorithm 2's eta) or deficit (the models furthest
+    from their targets first)."""
     reserved_cores: Annotated[float, Field(ge=0)] = 0.0
     """ROMA's GC: cores kept to feed the GPUs; under node.cpu_cores."""
     actuator: Actuator = "auto"
@@ -240,6 +251,11 @@ class ModelTable:
     """The ONNX file, relative to the config file; under server.model_dir."""
     sla_ms: PositiveFloat
     """Response-time SLA."""
+    sla_measure: SlaMeasureName = "mean"
+    """What must stay within sla_ms: mean (ROMA: a control window's mean), percentile (a
+    window's sla_percentile-th percentile) or deadline (every request)."""
+    sla_percentile: Annotated[float, Field(gt=0, lt=100)] = 99.0
+    """The percentile measure's p."""
     max_batch_size: PositiveInt = DEFAULT_MAX_BATCH_SIZE
     cpu_executor: bool = True
     """false: served on the node's GPUs only (Triton's instance_group kind GPU), with no CPU
@@ -271,6 +287,12 @@ class ModelConfig:
     gpu_profile: str | None = None
     max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     hang_timeout_ms: float | None = None
+    sla_measure: str = "mean"
+    sla_percentile: float = 99.0
+
+    @property
+    def measure(self) -> SlaMeasure:
+        return SlaMeasure(self.sla_measure, self.sla_percentile)  # type: ignore[arg-type]
 
     @property
     def hang_timeout_s(self) -> float:

@@ -1,0 +1,211 @@
+"""Ours: the cores a queue needs, predicted from what was measured, with ROMA's PI correcting the prediction.
+
+ROMA's CT controller (controllers/pi.py, equations 11-12) only corrects: it moves the cores by
+K e per period, so a step in the load is met only after the response time has already gone
+over, and it gives cores back at most K per period (K = s / (alpha SLA), about 0.006 core a
+second for a 0.2 ms model). This controller predicts as well:
+
+Feed-forward. Each period measures the arrival rate into the CPU executor (lambda: the requests
+completed plus the change in those waiting, so a request the GPU spilled counts like any
+other), the CPU seconds per request (s, from the executor's CPU time), and the requests still
+waiting at the end. A queue served at c cores with service rate c / s is an M/M/1 queue (the
+model of controllers/pi.py's docstring, RT = s / (c - lambda s)), so holding its mean response
+time at T takes
+
+    c_ff = s (lambda' + 1 / T) + s max(0, n - lambda' T) / P
+
+- T is the set point alpha SLA, turned into the mean that holds the model's SLA measure
+  (controllers/sla_measure.py: the mean itself, or a percentile of the exponential sojourn);
+- lambda' = lambda + z sqrt(lambda / P) plans for one standard deviation of Poisson arrivals
+  above the rate just measured (z = ``ARRIVAL_HEADROOM``): a one-second window of 20 requests
+  per second varies by 22 %, and the period to come is the one the cores are for;
+- the last term drains, within one period P, the requests waiting beyond the lambda' T that
+  Little's law puts in the system at the target: the backlog a burst or a starved period left.
+
+It is how FA2 (Section 3.2) and Harpagon (Section 4) size a model's resources: from its
+arrival rate and its measured throughput, with the latency bound of a queue, not by feedback.
+
+Correction. What the model misses (quota throttling within the CFS period, intra-op threads,
+cache effects) is corrected by ROMA's PI on the measured response time: the same error as
+controllers/pi.py (``tracking_error``) and the same gains (equation 12 with the identified
+k = alpha SLA / s), integrated into a correction v added to c_ff. Anti-windup: while the
+supervisor grants less than was asked, v does not grow (conditional integration; a shortfall
+of the node is not an error of the model). v stays within [-c_ff / 2, max_cores].
+
+Idle. A period in which nothing arrived, nothing completed and nothing waits resets v and
+steps the cores down to the minimum in ``IDLE_PERIODS`` equal steps: the model is back at its
+minimum within five periods, not after minutes of K-sized steps, and one quiet second of a
+model at a few requests a second does not throw its cores away.
+
+Transients. The correction is frozen in a period whose arrival rate moved by more than
+``TRANSIENT`` (beyond its Poisson noise), in the period after it, and in a period whose SLA
+changed: the error of a step is answered by the feed-forward already.
+
+Between periods (``react``): when work reaches the executor faster than its cores can drain
+(the GPU spilling to it, a burst at its floor), the control loop asks at once with the part
+of the period so far, and the demand is raised without waiting for the period's end.
+
+Measured on a fluid queue (tests/test_feedforward.py): a 4x step of the load is met in the
+period after it, where the PI alone takes three, and an idle model is at its minimum in four
+periods.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controllers.base import Window, clamp
+from controllers.pi import (
+    DEFAULT_GAIN,
+    DEFAULT_POLE,
+    DEFAULT_ZERO,
+    PERIOD_S,
+    pi_gains,
+    plant_gain,
+    tracking_error,
+)
+from controllers.sla_measure import SlaMeasure
+
+# Ours's set point, in SLAs. ROMA's alpha = 0.8 holds the mean of each one-second window at 0.8
+# SLA; with requests of a few milliseconds such windows scatter widely around the mean (a fifth
+# of them landed over the SLA in benchmarks/roma_cpu.py), so ours aims lower, and spends the
+# cores the feed-forward saves elsewhere (faster release, no overshoot) on that margin.
+FEEDFORWARD_SETPOINT = 0.5
+# Standard deviations of Poisson arrivals planned for above the measured rate.
+ARRIVAL_HEADROOM = 1.0
+# The CPU seconds per request are smoothed over about this many requests: a period of a few
+# requests measures s with the noise of ONNX Runtime's spinning threads.
+SERVICE_MEMORY = 20
+# The shortest part of a period ``react`` estimates a rate from: shorter ones are noise.
+MIN_REACT_FRACTION = 0.2
+# An idle model is back at its minimum in this many periods.
+IDLE_PERIODS = 4
+# A change of the arrival rate by more than this share (and its Poisson noise) marks a transient.
+TRANSIENT = 0.5
+# ``react`` raises the demand only when the prediction is this much over the current grant.
+REACT_MARGIN = 1.25
+
+
+def planned_rate(rate: float, period_s: float) -> float:
+    """lambda' = lambda + z sqrt(lambda / P): one standard deviation of Poisson arrivals above."""
+    return rate + ARRIVAL_HEADROOM * math.sqrt(max(rate, 0.0) / period_s)
+
+
+def excess_backlog(rate: float, target_s: float, waiting: int, period_s: float) -> float:
+    """The requests waiting beyond the lambda' T that Little's law puts in the system at the target."""
+    return max(0.0, waiting - planned_rate(rate, period_s) * target_s)
+
+
+def feed_forward_cores(rate: float, service_s: float, target_s: float, waiting: int, period_s: float) -> float:
+    """c_ff of the module docstring: the cores that hold an M/M/1 queue's mean response time at
+    ``target_s`` under ``rate`` (with Poisson headroom) and drain the excess backlog in a period."""
+    steady = service_s * (planned_rate(rate, period_s) + 1 / target_s)
+    return steady + service_s * excess_backlog(rate, target_s, waiting, period_s) / period_s
+
+
+class FeedForwardController:
+    def __init__(
+        self,
+        *,
+        initial_cores: float,
+        min_cores: float,
+        max_cores: float,
+        measure: SlaMeasure | None = None,
+        k: float = DEFAULT_GAIN,
+        b: float = DEFAULT_ZERO,
+        q: float = DEFAULT_POLE,
+        setpoint_ratio: float = FEEDFORWARD_SETPOINT,
+        period_s: float = PERIOD_S,
+    ):
+        self.min_cores, self.max_cores = min_cores, max_cores
+        self.measure = measure or SlaMeasure()
+        self.b, self.q = b, q
+        self.gains = pi_gains(k, b, q)
+        self.setpoint_ratio = setpoint_ratio
+        self.period_s = period_s
+        self.service_s: float | None = None  # smoothed CPU seconds per request (None: not measured yet)
+        self.correction = 0.0  # v
+        self.feed_forward = 0.0  # c_ff of the last step
+        self._cores = clamp(initial_cores, min_cores, max_cores)  # granted
+        self._demand = self._cores
+        self._waiting = 0  # requests waiting at the end of the last period
+        self._last_error = 0.0
+        self._idle_from: float | None = None  # the cores when the model fell idle
+        self._rate = 0.0  # the arrival rate of the last period
+        self._moved = False  # whether the last period's rate moved by more than TRANSIENT
+        self._sla_ms: float | None = None  # the SLA of the last period
+        self._idle_periods = 0
+
+    def _learn_service(self, window: Window) -> None:
+        measured = window.cpu_s_per_request
+        if measured is None:
+            return
+        if self.service_s is None:
+            self.service_s = measured
+            return
+        weight = window.count / (window.count + SERVICE_MEMORY)
+        self.service_s += weight * (measured - self.service_s)
+
+    def _target_s(self, sla_ms: float) -> float:
+        return self.measure.mean_target_ms(self.setpoint_ratio * sla_ms) / 1000
+
+    def demand(self, window: Window, sla_ms: float) -> float:
+        arrivals = max(0, window.count + window.waiting - self._waiting)
+        self._waiting = window.waiting
+        self._learn_service(window)
+        if arrivals == 0 and window.count == 0 and window.waiting == 0:
+            # Idle: nothing to serve, nothing to correct; down to the minimum in IDLE_PERIODS
+            # equal steps (at a few requests a second, a second without any is common).
+            if self._idle_from is None:
+                self._idle_from, self._idle_periods = self._cores, 0
+            self._idle_periods += 1
+            self.correction, self._last_error, self.feed_forward = 0.0, 0.0, 0.0
+            share = self._idle_periods / IDLE_PERIODS
+            wanted = self._idle_from - share * (self._idle_from - self.min_cores)
+            self._demand = self.min_cores if share >= 1 else clamp(wanted, self.min_cores, self.max_cores)
+            return self._demand
+        self._idle_from = None
+        error = tracking_error(self.measure.measured_ms(window), sla_ms, self.setpoint_ratio)
+        if self.service_s is None:
+            # No CPU time measured yet (nothing completed): ROMA's PI alone, from the cores granted.
+            wanted = self._cores + self.gains.K * (error - self.gains.a * self._last_error)
+            self._last_error = error
+            self._demand = clamp(wanted, self.min_cores, self.max_cores)
+            return self._demand
+        gains = pi_gains(plant_gain(sla_ms, self.setpoint_ratio, self.service_s), self.b, self.q)
+        rate, target_s = arrivals / self.period_s, self._target_s(sla_ms)
+        self.feed_forward = feed_forward_cores(rate, self.service_s, target_s, window.waiting, self.period_s)
+        step = gains.K * (error - gains.a * self._last_error)
+        saturated = self._cores < self._demand - 1e-6
+        # A period whose arrival rate moved by more than TRANSIENT (and the one after it, which
+        # drains what the step left) is a step of the load: its error is the step's, which the
+        # feed-forward answers already; integrating it too would count the step twice (an
+        # overshoot that takes the PI many periods to undo). A lasting error is integrated.
+        moved = abs(rate - self._rate) > TRANSIENT * max(self._rate, ARRIVAL_HEADROOM * math.sqrt(self._rate / self.period_s))
+        # So is a new SLA (the admin API's): the feed-forward plans for it at once.
+        transient = moved or self._moved or sla_ms != self._sla_ms
+        self._rate, self._moved, self._sla_ms = rate, moved, sla_ms
+        if not transient and not (saturated and step > 0):
+            self.correction += step
+        self.correction = clamp(self.correction, -self.feed_forward / 2, self.max_cores)
+        self._last_error = error
+        self._demand = clamp(self.feed_forward + self.correction, self.min_cores, self.max_cores)
+        return self._demand
+
+    def react(self, window: Window, sla_ms: float, elapsed_s: float) -> float | None:
+        """A raised demand when the work reaching the executor so far this period (``window``,
+        ``elapsed_s`` long) needs clearly more cores than it has; None otherwise."""
+        if self.service_s is None or elapsed_s < MIN_REACT_FRACTION * self.period_s:
+            return None
+        arrivals = max(0, window.count + window.waiting - self._waiting)
+        wanted = feed_forward_cores(
+            arrivals / elapsed_s, self.service_s, self._target_s(sla_ms), window.waiting, self.period_s
+        ) + max(0.0, self.correction)
+        wanted = clamp(wanted, self.min_cores, self.max_cores)
+        if wanted <= REACT_MARGIN * self._cores:
+            return None
+        self._demand = wanted
+        return wanted
+
+    def granted(self, cores: float) -> None:
+        self._cores = cores

@@ -1,0 +1,60 @@
+"""How many rows a free CPU executor takes from its model's queue.
+
+A CPU runs a batch's rows one after the other, so its cost is close to linear in the batch:
+l(b) = per_item_ms b + fixed_ms (Symphony Section 4.3; the profile learns the line from every
+batch, schedulers/profiles.py). A batch then saves only the fixed cost shared by its rows, and
+every request of the batch waits for the whole batch's l(b) (Harpagon Section II, Fig. 1 and
+Fig. 2(b): a request's worst-case latency is d + b/T, the batch's execution d plus the time to
+collect its b requests at rate T). Here the rows are already queued (no collection time), so
+the head request ends at now + l(b). Batching as far as max_batch_size allows, as the GPU does
+to fill its cores, only delays the head on a CPU whose fixed cost is small.
+
+Pure: no I/O, no clock; the dispatch core (schedulers/dispatch.py) passes the slack.
+"""
+
+from __future__ import annotations
+
+import math
+
+from schedulers.profiles import LatencyProfile
+
+# A batch grows while the fixed cost each row carries, fixed_ms / b, is still at least this
+# share of a row's own cost: past it, one more row saves fixed_ms/b - fixed_ms/(b+1) per row,
+# under 5% of per_item_ms, and mostly makes the head request wait longer.
+AMORTIZED_SHARE = 0.05
+
+
+def amortizing_rows(profile: LatencyProfile) -> float:
+    """The largest b whose per-row share of the fixed cost, fixed_ms / b, is still at least
+    AMORTIZED_SHARE of per_item_ms: b <= fixed_ms / (AMORTIZED_SHARE per_item_ms).
+    No fixed cost: nothing to amortize (1). No per-row cost: every row is free (inf)."""
+    fixed_ms, per_item_ms = profile.fixed_ms, profile.per_item_ms
+    if fixed_ms <= 0:
+        return 1
+    if per_item_ms <= 0:
+        return math.inf
+    return fixed_ms / (AMORTIZED_SHARE * per_item_ms)
+
+
+def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batch: int, slack_ms: float) -> int:
+    """The rows of the next CPU batch: at least 1, at most ``available_rows`` and ``max_batch``.
+
+    - Without a profile, as many as allowed (min of ``available_rows`` and ``max_batch``).
+    - Otherwise only as many as amortize the fixed cost (``amortizing_rows``): a linear profile
+      (fixed_ms ~ 0) gives 1.
+    - And never more than the head request's deadline allows: l(b) <= ``slack_ms`` (the ms from
+      now to the head's deadline), since it waits for the whole batch (Harpagon Section II,
+      L_wc = d + b/T with the batch already collected). If not even l(1) fits, 1: the request is
+      late anyway and the CPU still serves it.
+    """
+    allowed = max(1, min(available_rows, max_batch))
+    if profile is None:
+        return allowed
+    amortizing = amortizing_rows(profile)
+    # A hair of slack for float division (0.3 / 0.05 is 5.999...), so that the bound itself is reached.
+    rows = allowed if amortizing + 1e-9 >= allowed else max(1, math.floor(amortizing + 1e-9))
+    # l(b) read as the dispatch core reads it for the batch's expected end (the measured high
+    # percentile where there is one): it need not be monotonic in b, so step down, not solve.
+    while rows > 1 and profile.latency_ms(rows) > slack_ms:
+        rows -= 1
+    return rows

@@ -1,0 +1,86 @@
+"""CPU batch sizes from the learned CPU profile (schedulers/cpu_batch.py): batch only where a
+fixed cost is amortized, never past the head request's deadline; pure calls and the dispatch
+core on a fake clock."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, cpu_batch_rows
+from schedulers.dispatch import CPU, DispatchCore, Start
+from schedulers.profiles import LatencyProfile
+from schedulers.request import Request
+from schedulers.round_robin import RandomRoundRobin
+
+
+def test_a_linear_profile_batches_nothing():
+    # l(b) = 2 b: a batch of 8 saves nothing and makes the head wait 16 ms instead of 2.
+    assert cpu_batch_rows(LatencyProfile(2.0, 0.0), 8, 8, math.inf) == 1
+    # Noise in the learned fixed cost (0.05 ms against 2 ms a row) does not make a batch either.
+    assert cpu_batch_rows(LatencyProfile(2.0, 0.05), 8, 8, math.inf) == 1
+
+
+def test_a_fixed_cost_heavy_profile_batches_up_to_the_amortization_bound():
+    profile = LatencyProfile(1.0, 0.3)  # fixed_ms / (AMORTIZED_SHARE per_item_ms) = 6
+    assert AMORTIZED_SHARE == 0.05
+    assert amortizing_rows(profile) == pytest.approx(6.0)
+    assert cpu_batch_rows(profile, 8, 8, math.inf) == 6
+    # ... and never past the rows there are, or the model's max batch.
+    assert cpu_batch_rows(profile, 4, 8, math.inf) == 4
+    assert cpu_batch_rows(profile, 8, 3, math.inf) == 3
+    # A profile that is all fixed cost batches as far as allowed.
+    assert cpu_batch_rows(LatencyProfile(0.0, 5.0), 7, 8, math.inf) == 7
+
+
+def test_the_head_requests_slack_caps_the_batch():
+    profile = LatencyProfile(1.0, 0.4)  # amortizes up to 8 rows; l(b) = b + 0.4
+    assert cpu_batch_rows(profile, 8, 8, math.inf) == 8
+    assert cpu_batch_rows(profile, 8, 8, 5.5) == 5  # l(5) = 5.4 <= 5.5 < l(6)
+    # Not even l(1) fits: the head is late anyway, and the CPU still serves it.
+    assert cpu_batch_rows(profile, 8, 8, 1.0) == 1
+    assert cpu_batch_rows(profile, 8, 8, -20.0) == 1
+
+
+def test_the_slack_is_read_against_the_measured_latency_where_there_is_one():
+    profile = LatencyProfile(1.0, 0.0)
+    for rows, ms in ((2, 4.0), (6, 8.0), (4, 8.0)):
+        profile.observe(rows, ms)
+    # The fit is l(b) = b + 2.67 (l(6) = 8.67 on the line), but batches of 6 were measured at 8 ms.
+    assert profile.fixed_ms == pytest.approx(8 / 3) and profile.latency_ms(6) == 8.0
+    assert cpu_batch_rows(profile, 8, 8, 8.0) == 6
+
+
+def test_without_a_profile_the_batch_is_as_large_as_allowed():
+    assert cpu_batch_rows(None, 5, 8, 0.0) == 5
+    assert cpu_batch_rows(None, 12, 8, 0.0) == 8
+
+
+# -- through the dispatch core ---------------------------------------------------------------
+def queue_of_eight(cpu_profile: LatencyProfile, sla_ms: float = 1000.0, ready_at: float = 0.0) -> Start:
+    """Eight requests queued at t=0 behind an executor that comes up at ``ready_at``: its first Start."""
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
+    core.add_executor("cpu-m", CPU, "m")
+    core.add_model("m", sla_ms=sla_ms, max_batch=8, max_queue_size=100, cpu_profile=cpu_profile)
+    for i in range(8):
+        core.on_arrival(Request(i, "m", 0.0), 0.0)
+    (start,) = [a for a in core.set_executor_ready("cpu-m", True, ready_at) if isinstance(a, Start)]
+    return start
+
+
+def test_a_cpu_executor_takes_one_request_of_eight_under_a_linear_profile():
+    start = queue_of_eight(LatencyProfile(1.0, 0.0))
+    assert [r.id for r in start.batch.requests] == [0] and start.batch.rows == 1
+
+
+def test_a_cpu_executor_takes_a_larger_batch_under_a_fixed_cost_profile():
+    start = queue_of_eight(LatencyProfile(1.0, 0.25))  # amortizes up to 5 rows
+    assert [r.id for r in start.batch.requests] == [0, 1, 2, 3, 4]
+
+
+def test_the_core_reads_the_slack_from_the_heads_deadline_at_dispatch_time():
+    # Amortizes up to 20 rows, but the head (SLA 10 ms) has 6 ms left at t = 4 ms: l(5) = 6.
+    start = queue_of_eight(LatencyProfile(1.0, 1.0), sla_ms=10.0, ready_at=0.004)
+    assert start.batch.rows == 5
