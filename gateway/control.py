@@ -51,31 +51,21 @@ def _cpu(model: ModelConfig) -> CpuExecutorConfig:
 def make_controller(policy: str, model: ModelConfig, control: ControlConfig, node_cores: float, models: int) -> CoreController:
     """The controller of ``model``'s CPU executor; ``models``: how many models have one."""
     cpu = _cpu(model)
-    if policy == "pi":
+    if policy in ("pi", "feedforward"):
+        # Both regulate on ROMA's PI (equations 11-12) with the model's plant; ours also predicts.
         plant = model.plant
-        return PIController(
+        common = dict(
             initial_cores=cpu.cores,
             min_cores=cpu.min_cores,
             max_cores=cpu.max_cores,
             k=plant.gain,
             b=plant.zero,
             q=plant.pole,
-            setpoint_ratio=control.setpoint_ratio,
             period_s=control.period_s,
         )
-    if policy == "feedforward":
-        plant = model.plant
-        return FeedForwardController(
-            initial_cores=cpu.cores,
-            min_cores=cpu.min_cores,
-            max_cores=cpu.max_cores,
-            measure=model.measure,
-            k=plant.gain,
-            b=plant.zero,
-            q=plant.pole,
-            setpoint_ratio=control.feedforward_setpoint_ratio,
-            period_s=control.period_s,
-        )
+        if policy == "pi":
+            return PIController(**common, setpoint_ratio=control.setpoint_ratio)
+        return FeedForwardController(**common, measure=model.measure, setpoint_ratio=control.feedforward_setpoint_ratio)
     if policy == "rules":
         return RuleController(initial_cores=cpu.cores, min_cores=cpu.min_cores, max_cores=cpu.max_cores)
     if policy == "max":
