@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,9 +47,16 @@ class ExecutorConnection:
     """Requests in flight to one executor, matched to its replies by id."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: dict[str, Any], shares_clock: bool = False
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        hello: dict[str, Any],
+        shares_clock: bool = False,
+        on_message: Callable[[dict[str, Any]], None] | None = None,
     ):
+        """``on_message`` hears every frame that answers no request (a worker's ``status``)."""
         self.hello = hello
+        self._on_message = on_message
         # Whether the executor reads this process's clock, so that a latest start means the same
         # instant at both ends; only then are batches sent with one (executors/wire.py).
         self.shares_clock = shares_clock
@@ -81,16 +89,21 @@ class ExecutorConnection:
         return len(self._pending)
 
     async def infer(
-        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf
+        self,
+        model: str,
+        tensors: dict[str, np.ndarray],
+        latest_start: float = math.inf,
+        extra: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, np.ndarray], float]:
         """Run a batch; ``latest_start`` (time.perf_counter seconds) is the latest moment the
         executor may begin it, or it raises BatchLate. An executor that does not read this clock
-        (``shares_clock``) gets no latest start and runs every batch, as does inf."""
+        (``shares_clock``) gets no latest start and runs every batch, as does inf. ``extra``:
+        more fields of the header (which executor of a worker, the requests' waits)."""
         if self.closed.done():
             raise ExecutorFailed(f"executor connection is closed: {self.closed.result()}")
         request_id = next(self._ids)
         descriptions, buffers = pack_tensors(tensors)
-        header: dict[str, Any] = {"kind": "infer", "id": request_id, "model": model, "tensors": descriptions}
+        header: dict[str, Any] = {**(extra or {}), "kind": "infer", "id": request_id, "model": model, "tensors": descriptions}
         if self.shares_clock and math.isfinite(latest_start):
             header["latest"] = latest_start
         reply: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
@@ -106,6 +119,8 @@ class ExecutorConnection:
             raise ModelError(answer.get("message", "the executor refused the batch"))
         if answer["kind"] == "late":
             raise BatchLate(float(answer["late_ms"]))
+        if answer["kind"] == "failed":  # a worker's executor failed (crashed, hung, not running)
+            raise ExecutorFailed(answer.get("message", "the executor failed"))
         return unpack_tensors(answer["tensors"], payload), float(answer["compute_ms"])
 
     def fail_all(self, reason: str) -> None:
@@ -129,6 +144,10 @@ class ExecutorConnection:
         try:
             while True:
                 header, payload = await read_frame(self._reader)
+                if "id" not in header:
+                    if self._on_message is not None:
+                        self._on_message(header)
+                    continue
                 future = self._pending.pop(header.get("id"), None)
                 if future is not None and not future.done():
                     future.set_result((header, payload))

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +162,10 @@ class SupervisedExecutor(abc.ABC):
         await first_start
 
     async def infer(
-        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf
+        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf, waited_ms: Sequence[float] = ()
     ) -> tuple[dict[str, np.ndarray], float]:
-        """Run a batch that the executor must begin by ``latest_start`` (or raise BatchLate)."""
+        """Run a batch that the executor must begin by ``latest_start`` (or raise BatchLate).
+        ``waited_ms`` (the requests' waits) matters to a worker's executors only (RemoteExecutor)."""
         if self._connection is None or not self.ready:
             raise ExecutorFailed(f"executor {self.id} is not running ({self.state})")
         return await self._connection.infer(model, tensors, latest_start)

@@ -1,4 +1,4 @@
-"""The ``gateway`` command: ``serve``, and the tools ``bench``, ``identify``, ``simulate``,
+"""The ``gateway`` command: ``serve``, ``worker`` (one node of a cluster), and the tools ``bench``, ``identify``, ``simulate``,
 ``docker-image`` and ``config-schema``.
 
 Only the sub-command named is imported: ``gateway serve`` loads no client tool, and a tool
@@ -50,6 +50,42 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config, worker_token_error
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"gateway: config error: {error}", file=sys.stderr)
+        return 2
+    worker = config.worker
+    if args.listen is not None:
+        worker = dataclasses.replace(worker, listen=args.listen)
+    if args.http_port is not None:
+        worker = dataclasses.replace(worker, http_port=args.http_port)
+    if args.name is not None:
+        worker = dataclasses.replace(worker, name=args.name)
+    problem = worker_token_error(worker.token)
+    if problem is not None:
+        print(f"gateway: worker.token: {problem}", file=sys.stderr)
+        return 2
+    import asyncio
+
+    from executors.container import DockerUnavailable
+    from executors.lifecycle import ExecutorStartError
+    from gateway.cluster.worker import serve_worker
+
+    try:
+        asyncio.run(serve_worker(dataclasses.replace(config, worker=worker)))
+    except (ExecutorStartError, DockerUnavailable) as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"gateway: cannot listen on {worker.listen}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # Sub-commands other than serve: name -> (module, help); each module has add_arguments(parser)
 # and run(args), and is imported only when its sub-command is the one run.
 COMMANDS = {
@@ -72,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     _serve_arguments(serve)
     serve.add_argument("--log-level", default="INFO")
     serve.set_defaults(run=_serve)
+
+    worker = commands.add_parser("worker", help="run one node of a cluster: its executors and their cores, for dispatchers")
+    worker.add_argument("config")
+    worker.add_argument("--listen", help="overrides worker.listen (HOST:PORT)")
+    worker.add_argument("--http-port", type=int, help="overrides worker.http_port")
+    worker.add_argument("--name", help="overrides worker.name")
+    worker.add_argument("--log-level", default="INFO")
+    worker.set_defaults(run=_worker)
 
     for name, (module_name, help_text) in COMMANDS.items():
         command = commands.add_parser(name, help=help_text, description=help_text)

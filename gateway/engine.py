@@ -22,7 +22,6 @@ Every request ends with a result or an explicit error.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import random
@@ -38,17 +37,19 @@ from typing import Any
 import numpy as np
 
 from executors.connection import BatchLate, ExecutorFailed, ModelError
-from executors.container import DockerBackend, DockerExecutor
+from executors.container import DockerBackend
 from executors.lifecycle import SupervisedExecutor
-from executors.limits import Actuator, make_actuator
-from executors.process import ProcessExecutor
+from executors.limits import Actuator
 from gateway.batching import batch_key, split_outputs, stack_inputs
+from gateway.cluster.dispatcher import Cluster
+from gateway.cluster.link import RemoteExecutor
 from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
 from gateway.metrics import GatewayMetrics
+from gateway.node import build_node_executors
 from gateway.profiling import profile_executor
-from gateway.protocol import InferRequest
+from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
 from gateway.stats import CoreMeter, ResponseTimes
 from schedulers.autoscale import ScalingSignal, scaling_signal
@@ -63,6 +64,9 @@ from supervisor.node import Allocation, Window
 HISTORY = 3600
 
 log = logging.getLogger("gateway")
+
+# An executor of this node, or one of a worker's (a dispatcher of a cluster).
+Executor = SupervisedExecutor | RemoteExecutor
 
 
 class RequestFailed(RuntimeError):
@@ -80,6 +84,7 @@ class Result:
     batch_size: int
     queue_ms: float
     compute_ms: float
+    executor: str = ""  # its id: "cpu-NAME", "gpu-N", or "HOST:PORT/..." on a worker
 
 
 @dataclass
@@ -153,11 +158,15 @@ class Engine:
         # Process executors get their cores through a cgroup (or affinity); containers through Docker.
         self.actuator: Actuator | None = None
         self.control: ControlLoop | None = None
-        self.models: dict[str, ModelRuntime] = {}
         self.docker: DockerBackend | None = None
+        self.executors: dict[str, SupervisedExecutor] = {}
+        self.gpu_executors: list[SupervisedExecutor] = []
         gpu = config.gpu
+        # A dispatcher of a cluster learns of its workers' GPUs only once they connect.
         self.gpu_scheduler = (
-            GpuScheduler(gpu.policy, config.control.setpoint_ratio, gpu.queue_weight) if config.node.gpus else None
+            GpuScheduler(gpu.policy, config.control.setpoint_ratio, gpu.queue_weight)
+            if config.node.gpus or config.cluster is not None
+            else None
         )
         self.core = DispatchCore(
             cpu_scheduler=RandomRoundRobin(random.Random(config.policy.seed)),
@@ -165,65 +174,23 @@ class Engine:
             request_timeout_s=config.server.request_timeout_ms / 1000,
             cpu_sharing=gpu.cpu_sharing,
         )
-        executor_class: Callable[..., SupervisedExecutor] = ProcessExecutor
-        if config.node.executor_backend == "docker":
-            self.docker = DockerBackend(config.docker.image, config.docker.host_runtime)
-            executor_class = functools.partial(
-                DockerExecutor, docker_backend=self.docker, cfs_period_us=config.control.cfs_period_us
+        self.models = {
+            # Every model shares the list of the node's GPU executors, filled below.
+            name: ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=self.gpu_executors)
+            for name, model in config.models.items()
+        }
+        self.cluster: Cluster | None = None
+        if config.cluster is not None:
+            # A dispatcher: the executors are its workers', handed over as they connect.
+            self.cluster = Cluster(
+                config, on_executor=self._add_executor, on_ready_change=lambda e: self._on_executor_change(e.id)
             )
         else:
-            self.actuator = make_actuator(config.control.actuator, config.control.cfs_period_us)
-        self.executors: dict[str, SupervisedExecutor] = {}
-        self.gpu_executors: list[SupervisedExecutor] = []
-        for name, model in config.models.items():
-            # Every model shares the list of the node's GPU executors, filled below.
-            self.models[name] = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=self.gpu_executors)
-            if model.cpu is None:
-                continue  # cpu_executor = false: the GPU executors alone serve it
-            executor = executor_class(
-                f"cpu-{name}",
-                {name: model.path},
-                device="cpu",
-                threads=model.cpu.threads,
-                cores=model.cpu.cores,
-                memory_mb=model.cpu.memory_mb,
-                socket_dir=self._socket_dir,
-                actuator=self.actuator,
-                on_change=functools.partial(self._on_executor_change, f"cpu-{name}"),
-            )
-            self.executors[executor.id] = executor
-            self.core.add_executor(executor.id, CPU, name)
-            self.models[name].executors.append(executor)
-        # ROMA's GC (Section 3, Algorithm 2): the cores the supervisor keeps from the models feed the
-        # GPUs, so the GPU executors get them, shared evenly, as a quota of their own (a group per
-        # executor id) that the models' executors cannot take. GC = 0: uncapped, as before.
-        reserved = config.control.reserved_cores
-        gpu_cores = reserved / len(config.node.gpus) if reserved > 0 and config.node.gpus else 0.0
-        for device_id in config.node.gpus:
-            emulate = (
-                {name: gpu.profiles[m.gpu_profile or name] for name, m in config.models.items()}
-                if gpu.executor == "emulated"
-                else None
-            )
-            executor = executor_class(
-                f"gpu-{device_id}",
-                {name: m.path for name, m in config.models.items()},
-                device=f"gpu:{device_id}",
-                threads=1,
-                cores=gpu_cores,
-                actuator=self.actuator if gpu_cores > 0 else None,
-                socket_dir=self._socket_dir,
-                emulate=emulate,
-                emulate_zeros=gpu.emulated_outputs == "zeros",
-                on_change=functools.partial(self._on_executor_change, f"gpu-{device_id}"),
-            )
-            self.gpu_executors.append(executor)
-            self.executors[executor.id] = executor
-            self.core.add_executor(executor.id, GPU)
+            node = build_node_executors(config, self._socket_dir, self._on_executor_change)
+            self.actuator, self.docker = node.actuator, node.docker
+            for executor in node.by_id.values():
+                self._add_executor(executor)
         self.gpu_cluster: GpuClusterWindow | None = None
-        if self.gpu_executors:
-            self.gpu_cluster = GpuClusterWindow(self.now)
-            metrics.export_scaling_signal(self.gpu_scaling_signal)
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
         self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float]] = {}
@@ -233,9 +200,25 @@ class Engine:
         self._idle = asyncio.Event()
         self._idle.set()
 
+    def _add_executor(self, executor: Executor) -> None:
+        """An executor of this node, or of a worker that connected: the dispatch core may use it
+        once it is ready. A worker's CPU executor of a model this gateway does not serve is left out."""
+        model = next(iter(executor.models)) if executor.device == "cpu" else None
+        if model is not None and model not in self.models:
+            return
+        self.executors[executor.id] = executor
+        if model is None:
+            self.gpu_executors.append(executor)
+            self.core.add_executor(executor.id, GPU)
+        else:
+            self.models[model].executors.append(executor)
+            self.core.add_executor(executor.id, CPU, model)
+
     @property
     def enforced_by(self) -> str:
         """How executors' cores are carried out."""
+        if self.cluster is not None:
+            return "workers"
         return self.actuator.name if self.actuator is not None else "docker-cpu-quota"
 
     @property
@@ -243,6 +226,60 @@ class Engine:
         return self.clock()
 
     async def start(self) -> None:
+        if self.cluster is not None:
+            await self._start_cluster()
+        else:
+            await self._start_node()
+        now = self.now
+        for runtime in self.models.values():
+            first = next(e for e in runtime.serving_executors if e.ready)
+            runtime.signature = ModelSignature.from_json(first.signatures[runtime.name])
+            self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
+            for executor in runtime.executors:
+                if self.cluster is None:  # a worker counts its own executors' cores
+                    runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
+                    self.metrics.cores.labels(runtime.name, executor.id).set(executor.cores)
+                    self.metrics.enforced_cores.labels(runtime.name, executor.id).set(executor.enforced_cores)
+                log.info(
+                    "model %s: executor %s (%s, pid %s, %.2f cores, %s threads, provider %s), batching %s",
+                    runtime.name,
+                    executor.id,
+                    executor.backend,
+                    executor.pid,
+                    executor.cores,
+                    executor.threads,
+                    executor.provider,
+                    f"up to {runtime.config.max_batch_size}" if runtime.signature.batchable else "off",
+                )
+            if not runtime.executors:
+                log.info("model %s: no CPU executor (cpu_executor = false), served on the GPUs only", runtime.name)
+        if self.gpu_executors:
+            self.gpu_cluster = GpuClusterWindow(self.now)
+            self.metrics.export_scaling_signal(self.gpu_scaling_signal)
+        await self._profile()
+        if self.control is not None:
+            self.control.start()
+            control = self.config.control
+            log.info(
+                "CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.enforced_by
+            )
+
+    async def _start_cluster(self) -> None:
+        """Find the workers and wait until each model has a ready executor among theirs."""
+        assert self.cluster is not None
+        await self.cluster.start()
+
+        def serving(name: str) -> bool:
+            return any(e.ready for e in self.models[name].serving_executors)
+
+        try:
+            await self.cluster.wait_until_serving(list(self.models), serving)
+        except BaseException:
+            await self.cluster.stop()
+            raise
+
+    async def _start_node(self) -> None:
+        """Start this node's executors under the control loop."""
         if self.docker is not None:
             await asyncio.to_thread(self.docker.connect)  # raises DockerUnavailable with the fix
         self.control = ControlLoop(
@@ -262,31 +299,6 @@ class Engine:
         if failures:
             await self.stop()
             raise failures[0]
-        now = self.now
-        for runtime in self.models.values():
-            runtime.signature = ModelSignature.from_json(runtime.serving_executors[0].signatures[runtime.name])
-            self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
-            for executor in runtime.executors:
-                runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
-                self.metrics.cores.labels(runtime.name, executor.id).set(executor.cores)
-                self.metrics.enforced_cores.labels(runtime.name, executor.id).set(executor.enforced_cores)
-                log.info(
-                    "model %s: executor %s (%s, pid %s, %.2f cores, %s threads, provider %s), batching %s",
-                    runtime.name,
-                    executor.id,
-                    executor.backend,
-                    executor.pid,
-                    executor.cores,
-                    executor.threads,
-                    executor.provider,
-                    f"up to {runtime.config.max_batch_size}" if runtime.signature.batchable else "off",
-                )
-            if not runtime.executors:
-                log.info("model %s: no CPU executor (cpu_executor = false), served on the GPUs only", runtime.name)
-        await self._profile()
-        self.control.start()
-        control = self.config.control
-        log.info("CPU control: policy %s, period %g s, cores enforced by %s", control.policy, control.period_s, self.enforced_by)
 
     async def _profile(self) -> None:
         """Seed each model's latency profiles with a short profiling run on each kind of device,
@@ -294,9 +306,8 @@ class Engine:
         for runtime in self.models.values():
             assert runtime.signature is not None
             if runtime.executors:
-                runtime.cpu_profile = await profile_executor(
-                    runtime.executors[0], runtime.name, runtime.signature, runtime.config
-                )
+                cpu = next((e for e in runtime.executors if e.ready), runtime.executors[0])
+                runtime.cpu_profile = await profile_executor(cpu, runtime.name, runtime.signature, runtime.config)
                 log.info(
                     "model %s: CPU profile l(b) = %.3f b + %.3f ms",
                     runtime.name,
@@ -304,7 +315,7 @@ class Engine:
                     runtime.cpu_profile.fixed_ms,
                 )
             if self.gpu_executors:
-                gpu = self.gpu_executors[0]
+                gpu = next((g for g in self.gpu_executors if g.ready), self.gpu_executors[0])
                 if gpu.emulate:
                     per_item, fixed = gpu.emulate[runtime.name]
                     runtime.gpu_profile = LatencyProfile(per_item, fixed)
@@ -342,6 +353,8 @@ class Engine:
         if self.control is not None:
             await self.control.stop()
         self._carry_out(self.core.shutdown())
+        if self.cluster is not None:
+            await self.cluster.stop()
         await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
         if self.docker is not None:
             self.docker.close()
@@ -420,6 +433,17 @@ class Engine:
             self.core.set_sla(runtime.name, sla_ms)
         self.metrics.sla_seconds.labels(runtime.name).set(sla_ms / 1000)
         log.info("model %s: SLA set to %g ms", runtime.name, sla_ms)
+
+    def set_replicas(self, runtime: ModelRuntime, replicas: int | None) -> None:
+        """How many workers run the model's CPU executor (None: every worker that holds it)."""
+        if self.cluster is None:
+            raise InvalidRequest(
+                "replicas are for a dispatcher of a cluster ([cluster] in its config); this gateway serves alone"
+            )
+        if runtime.config.cpu is None:
+            raise InvalidRequest(f"model '{runtime.name}' has no CPU executor (cpu_executor = false): it has no replicas")
+        self.cluster.set_replicas(runtime.name, replicas)
+        log.info("model %s: replicas set to %s", runtime.name, "every worker" if replicas is None else replicas)
 
     def set_cores(self, runtime: ModelRuntime, cores: float) -> None:
         now = self.now
@@ -566,7 +590,8 @@ class Engine:
         if busy is not None:
             busy.batch_started(executor.id, self.now)
         try:
-            run = executor.infer(batch.model, inputs, latest_start=batch.latest_start)
+            waited_ms = [(batch.started - r.arrival) * 1000 for r in batch.requests]
+            run = executor.infer(batch.model, inputs, latest_start=batch.latest_start, waited_ms=waited_ms)
             return await asyncio.wait_for(run, hang_s)
         except TimeoutError:
             executor.kill_hung(f"no reply to a batch of {batch.rows} within {hang_s:g} s (hang_timeout_ms)")
@@ -587,7 +612,7 @@ class Engine:
             queue_ms = (batch.started - request.arrival) * 1000
             series.queue_seconds.observe(queue_ms / 1000)
             if request.id in live:
-                self._settle(request.id, Result(part, device, batch.rows, queue_ms, compute_ms))
+                self._settle(request.id, Result(part, device, batch.rows, queue_ms, compute_ms, batch.executor))
 
     def describe(self, runtime: ModelRuntime) -> dict[str, Any]:
         times = runtime.times
@@ -600,6 +625,16 @@ class Engine:
             "pinned_cores": self.control.pinned.get(runtime.name) if self.control is not None else None,
             "executors": [e.describe() for e in runtime.serving_executors],
             "drop_late": runtime.config.drop_late,
+            **(
+                {
+                    "replicas": {
+                        "wanted": self.cluster.replicas.get(runtime.name),
+                        "placed": self.cluster.placed.get(runtime.name, []),
+                    }
+                }
+                if self.cluster is not None
+                else {}
+            ),
             "profiles": {
                 device: {"per_item_ms": p.per_item_ms, "fixed_ms": p.fixed_ms}
                 for device, p in (("cpu", runtime.cpu_profile), ("gpu", runtime.gpu_profile))

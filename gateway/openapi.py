@@ -155,7 +155,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "id": {"type": "string"},
                 "parameters": {
                     "type": "object",
-                    "description": "executed_on, batch_size, queue_ms, compute_ms",
+                    "description": "executed_on, executor, batch_size, queue_ms, compute_ms",
                 },
                 "outputs": {"type": "array", "items": {"type": "object"}},
             },
@@ -175,6 +175,18 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "exclusiveMinimum": True,
                     "minimum": 0,
                     "description": "at most the node's cores (node.cpu_cores); null hands them back to the policy",
+                }
+            },
+        },
+        "SetReplicas": {
+            "type": "object",
+            "required": ["replicas"],
+            "properties": {
+                "replicas": {
+                    "type": "integer",
+                    "nullable": True,
+                    "minimum": 1,
+                    "description": "workers that run the model's CPU executor; null: every worker that holds it",
                 }
             },
         },

@@ -144,5 +144,22 @@ ROUTES: tuple[Route, ...] = (
         (400, 404),
         body="PinCores",
     ),
+    Route(
+        "PUT",
+        "/admin/models/{model}/replicas",
+        "admin_set_replicas",
+        "A dispatcher's replicas of the model: how many workers run its CPU executor (null: every one)",
+        MODEL_STATE,
+        (400, 404),
+        body="SetReplicas",
+    ),
     Route("GET", "/admin/node", "admin_node", "The node's cores and control settings", Reply({"type": "object"}, "the node")),
+    Route(
+        "GET",
+        "/admin/cluster",
+        "admin_cluster",
+        "A dispatcher's workers and replicas (400 on a gateway that serves alone)",
+        Reply({"type": "object"}, "workers"),
+        (400,),
+    ),
 )

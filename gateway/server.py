@@ -286,6 +286,7 @@ class Handlers:
             return error_response(error.status, str(error), error.headers), error.outcome, None
         parameters = {
             "executed_on": result.executed_on,
+            "executor": result.executor,
             "batch_size": result.batch_size,
             "queue_ms": round(result.queue_ms, 3),
             "compute_ms": round(result.compute_ms, 3),
@@ -339,9 +340,25 @@ class Handlers:
                 f'the body must be {{"cores": N}} with N over 0 and at most the node\'s {node_cores:g} cores '
                 '(node.cpu_cores), or {"cores": null}'
             )
-        assert self.engine.control is not None
+        if self.engine.control is None:
+            raise InvalidRequest("this dispatcher sets no cores: its workers' controllers do (pin them on the worker)")
         self.engine.control.pin(runtime.name, None if cores is None else float(cores))
         return web.json_response(self.engine.describe(runtime))
+
+    async def admin_set_replicas(self, request: web.Request) -> web.Response:
+        """How many workers run a model's CPU executor ({"replicas": 2}), or every one ({"replicas": null})."""
+        runtime = self._runtime(request)
+        body = await self._json_body(request)
+        replicas = body.get("replicas", ...) if isinstance(body, dict) else ...
+        if replicas is ... or not (replicas is None or (type(replicas) is int and replicas >= 1)):
+            raise InvalidRequest('the body must be {"replicas": N} with N a whole number from 1, or {"replicas": null}')
+        self.engine.set_replicas(runtime, replicas)
+        return web.json_response(self.engine.describe(runtime))
+
+    async def admin_cluster(self, request: web.Request) -> web.Response:
+        if self.engine.cluster is None:
+            raise InvalidRequest("this gateway serves alone: it has no cluster ([cluster] in its config)")
+        return web.json_response(self.engine.cluster.describe())
 
     async def _json_body(self, request: web.Request) -> object:
         # orjson, not json: it refuses NaN and Infinity, which are not JSON, and nesting past

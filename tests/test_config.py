@@ -66,6 +66,23 @@ def test_example_config_loads(example_models):
             "models.m.plant",
             "no CPU executor",
         ),
+        ("[worker]\nlisten = '0.0.0.0'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "worker.listen", "HOST:PORT"),
+        (
+            "[cluster]\nworkers = 'workers:7070'\ntoken = '0123456789abcdef'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "cluster.workers",
+            "dns:",
+        ),
+        (
+            "[cluster]\nworkers = ['10.0.0.2:7070']\ntoken = 'short'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "cluster.token",
+            "at least 16 characters",
+        ),
+        (
+            "[cluster]\nworkers = ['10.0.0.2:7070']\nplacement = 'spread'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "cluster.placement",
+            "balance",
+        ),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nreplicas = 0\n", "models.m.replicas", "0"),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):
@@ -86,7 +103,7 @@ def test_every_problem_of_a_file_is_named_at_once(tmp_models):
         f"{path}: server.port: must be 0-65535, got 70000",
         f"{path}: models.m.sla_ms: must be a number, got str 'x'",
         f"{path}: models.m.max_batch: unknown key (known: cpu, cpu_executor, drop_late, gpu_profile, hang_timeout_ms, "
-        "max_batch_size, max_queue_size, path, plant, sla_measure, sla_ms, sla_percentile)",
+        "max_batch_size, max_queue_size, path, plant, replicas, sla_measure, sla_ms, sla_percentile)",
     ]
     assert caught.value.key == "server.host"
 
@@ -120,7 +137,7 @@ def test_config_schema_command_describes_the_file(tmp_models):
     assert done.returncode == 0, done.stderr
     schema = json.loads(done.stdout)
     assert schema["$schema"].endswith("2020-12/schema") and schema["required"] == ["models"]
-    assert {"server", "node", "gpu", "docker", "policy", "control", "models"} == set(schema["properties"])
+    assert {"server", "node", "gpu", "docker", "policy", "control", "worker", "cluster", "models"} == set(schema["properties"])
     sla = schema["$defs"]["ModelTable"]["properties"]["sla_ms"]
     assert sla["exclusiveMinimum"] == 0 and "SLA" in sla["description"]
     validator = jsonschema_rs.validator_for(schema)

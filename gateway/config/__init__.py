@@ -4,7 +4,7 @@ Every error names the file, the key and what is wrong, and is raised before anyt
 Unknown keys are errors too: a misspelt knob must not be silently ignored.
 """
 
-from gateway.config.loading import ConfigError, exposure_error, json_schema, load_config
+from gateway.config.loading import ConfigError, exposure_error, json_schema, load_config, worker_token_error
 from gateway.config.schema import (
     ACTUATORS,
     CONTROL_POLICIES,
@@ -21,6 +21,7 @@ from gateway.config.schema import (
     GPU_POLICIES,
     HANG_TIMEOUT_SLAS,
     MIN_HANG_TIMEOUT_MS,
+    ClusterConfig,
     ConfigFile,
     ControlConfig,
     CpuExecutorConfig,
@@ -32,6 +33,7 @@ from gateway.config.schema import (
     PlantConfig,
     PolicyConfig,
     ServerConfig,
+    WorkerConfig,
 )
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "GPU_POLICIES",
     "HANG_TIMEOUT_SLAS",
     "MIN_HANG_TIMEOUT_MS",
+    "ClusterConfig",
     "ConfigError",
     "ConfigFile",
     "ControlConfig",
@@ -62,7 +65,9 @@ __all__ = [
     "PlantConfig",
     "PolicyConfig",
     "ServerConfig",
+    "WorkerConfig",
     "exposure_error",
     "json_schema",
     "load_config",
+    "worker_token_error",
 ]

@@ -26,7 +26,9 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from controllers.pi import pi_gains
 from gateway.config.schema import (
+    MIN_WORKER_TOKEN,
     MODEL_NAME_PATTERN,
+    ClusterConfig,
     ConfigFile,
     CpuExecutorConfig,
     CpuTable,
@@ -101,9 +103,44 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     cpu_models = sum(table.cpu_executor for table in file.models.values())
     default_cores = node.cpu_cores / max(1, cpu_models)
     models = {name: _model(source, name, table, server, node, gpu, default_cores) for name, table in file.models.items()}
+    worker = dataclasses.replace(file.worker, token=_token("GATEWAY_WORKER_TOKEN", file.worker.token))
+    cluster = file.cluster
+    if cluster is not None:
+        cluster = dataclasses.replace(cluster, token=_token("GATEWAY_WORKER_TOKEN", cluster.token))
+        _check_cluster(source, cluster)
     return GatewayConfig(
-        source=source, server=server, node=node, policy=file.policy, control=control, gpu=gpu, docker=file.docker, models=models
+        source=source,
+        server=server,
+        node=node,
+        policy=file.policy,
+        control=control,
+        gpu=gpu,
+        docker=file.docker,
+        models=models,
+        worker=worker,
+        cluster=cluster,
     )
+
+
+def _check_cluster(source: Path, cluster: ClusterConfig) -> None:
+    from gateway.cluster.discovery import parse_workers
+
+    try:
+        parse_workers(cluster.workers if isinstance(cluster.workers, str) else list(cluster.workers))
+    except ValueError as error:
+        raise ConfigError(source, "cluster.workers", str(error)) from None
+    problem = worker_token_error(cluster.token)
+    if problem is not None:
+        raise ConfigError(source, "cluster.token", problem)
+
+
+def worker_token_error(token: str | None) -> str | None:
+    """Why ``token`` cannot guard a worker's executors, or None."""
+    if token is None:
+        return "the workers need a shared token: set GATEWAY_WORKER_TOKEN (or the token key)"
+    if len(token) < MIN_WORKER_TOKEN:
+        return f"the worker token must have at least {MIN_WORKER_TOKEN} characters, it has {len(token)}"
+    return None
 
 
 def _server(server: ServerConfig, base: Path) -> ServerConfig:

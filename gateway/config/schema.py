@@ -202,6 +202,62 @@ class ControlConfig:
     """The CFS period of cgroup quotas, in the kernel's range."""
 
 
+def _host_port(value: str) -> str:
+    """ "HOST:PORT", the host a name, an IPv4 address or a bracketed IPv6 one."""
+    host, colon, port = value.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be HOST:PORT, such as 0.0.0.0:7070 or [::1]:7070, got {value!r}")
+    return value
+
+
+HostPort = Annotated[str, AfterValidator(_host_port)]
+# A worker token shorter than this is guessable (it guards every executor of the node).
+MIN_WORKER_TOKEN = 16
+DEFAULT_WORKER_PORT = 7070
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class WorkerConfig:
+    """[worker]: ``gateway worker``, one node of a cluster (ROMA Section 2.2): its executors, its
+    controllers and supervisor, serving the executor protocol to dispatchers over TCP."""
+
+    listen: HostPort = f"0.0.0.0:{DEFAULT_WORKER_PORT}"
+    """Where dispatchers connect (the executor protocol over TCP)."""
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 8081
+    """Health (/v2/health/live, /v2/health/ready), the node's state (/v2/worker) and /metrics,
+    on the listen host; 0: none."""
+    token: str | None = None
+    """The secret every dispatcher must present (at least 16 characters); GATEWAY_WORKER_TOKEN wins."""
+    name: str | None = None
+    """How dispatchers name this node (default: the host name)."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class ClusterConfig:
+    """[cluster]: ``gateway serve`` as a dispatcher of worker nodes (ROMA Sections 2.1-2.2)."""
+
+    workers: str | tuple[HostPort, ...]
+    """A list of "HOST:PORT", or "dns:NAME:PORT": a headless Service, resolved every
+    resolve_interval_s (workers that appear are used, workers that vanish are drained)."""
+    token: str | None = None
+    """The workers' shared secret; GATEWAY_WORKER_TOKEN wins."""
+    dns_server: HostPort | None = None
+    """Ask this DNS server ("IP:PORT") rather than the system's resolver."""
+    resolve_interval_s: PositiveFloat = 5.0
+    """How often a dns: name is resolved again (a headless Service's records live 5-30 s)."""
+    placement: Literal["balance", "pack"] = "balance"
+    """Where replicas go (ROMA Section 2.2): balance (the workers holding the fewest replicas
+    first) or pack (fill the workers holding the most first); one replica of a model per worker."""
+    heartbeat_timeout_s: PositiveFloat = 3.0
+    """A worker heard from not at all this long is taken as cut off (it reports every period)."""
+    start_timeout_s: PositiveFloat = 60.0
+    """How long ``gateway serve`` waits at start for a worker to serve every model."""
+    name: str | None = None
+    """How the workers name this dispatcher (default: host name and process id)."""
+
+
 @with_config(TABLE)
 @dataclass(frozen=True)
 class PlantConfig:
@@ -271,6 +327,9 @@ class ModelTable:
     hang_timeout_ms: PositiveFloat | None = None
     """A batch with no reply within this long means a hung executor: it is killed and replaced
     (default: 10 SLAs, at least 2 s)."""
+    replicas: PositiveInt | None = None
+    """With [cluster]: how many workers run the model's CPU executor (default: every worker);
+    the admin API changes it at run time."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +348,7 @@ class ModelConfig:
     hang_timeout_ms: float | None = None
     sla_measure: str = "mean"
     sla_percentile: float = 99.0
+    replicas: int | None = None
 
     @property
     def measure(self) -> SlaMeasure:
@@ -310,6 +370,8 @@ class ConfigFile:
     docker: DockerConfig = field(default_factory=DockerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    cluster: ClusterConfig | None = None
     models: Annotated[dict[ModelName, ModelTable], Field(min_length=1)]
     """At least one model, as a [models.NAME] table; NAME holds letters, digits, '_', '-' and '.'."""
 
@@ -326,6 +388,8 @@ class GatewayConfig:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     docker: DockerConfig = field(default_factory=DockerConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    cluster: ClusterConfig | None = None
 
 
 def default_threads(cores: float, max_cores: float) -> int:

@@ -1,0 +1,390 @@
+"""``gateway worker``: one node of a cluster (ROMA Sections 2.1-2.2).
+
+A worker owns the executors of its node, built as ``gateway serve`` builds them
+(gateway/node.py): one CPU executor per model, one GPU executor per GPU holding every model.
+It runs the node's control plane where the cores are enforced: the CT controller of each model,
+the node supervisor (Algorithm 2) and the actuator. Dispatchers reach its executors over TCP
+with the executor protocol itself (executors/wire.py, DESIGN.md principle 2):
+
+- dispatcher -> worker ``hello``: {"kind": "hello", "token", "dispatcher"}; a wrong token is
+  answered ``refused`` and the connection closed.
+- worker -> dispatcher ``hello``: {"kind": "hello", "worker", "clock", "pid", "cpu_cores",
+  "executors": [{"id", "device", "models": {name: signature}, "provider", "emulate", "state",
+  "cores", "enforced_cores"}]}.
+- dispatcher -> worker ``infer``: an executor's ``infer`` with "executor" (which one) and
+  "waited_ms" (how long each request of the batch had waited at the dispatcher when sent).
+- worker -> dispatcher: the executor's ``result``, ``error`` or ``late``, under the same id, or
+  ``failed`` when the executor could not run the batch (crashed, restarting, hung).
+- worker -> dispatcher ``status`` every control period and when an executor changes state:
+  {"kind": "status", "executors": [...as in hello, without models]}. It is also the heartbeat:
+  a dispatcher that hears nothing for a while takes the worker as cut off.
+
+Several dispatchers may share a worker (Section 2.1). Each schedules its own traffic; the
+worker's controllers see everything that reaches its executors, whichever dispatcher sent it:
+a request's response time is its wait at the dispatcher plus its time here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import math
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from executors.connection import BatchLate, ExecutorFailed, ModelError, read_frame
+from executors.lifecycle import SupervisedExecutor
+from executors.wire import encode_frame, pack_tensors, unpack_tensors
+from gateway.config import GatewayConfig, worker_token_error
+from gateway.control import ControlLoop
+from gateway.node import NodeExecutors, build_node_executors
+from supervisor.node import Allocation, Window
+
+log = logging.getLogger("gateway.worker")
+
+# The hello of a dispatcher must come this soon after its connect: a port scanner or a peer
+# speaking another protocol is dropped rather than held.
+HELLO_TIMEOUT_S = 5.0
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class InFlight:
+    """A batch a dispatcher sent and the worker has not answered yet."""
+
+    model: str
+    received: float
+    waited_ms: list[float]
+
+
+@dataclass
+class ModelLoad:
+    """What a model's CPU executor did since the last control period, as its controller sees it."""
+
+    window: Window = field(default_factory=Window)
+    served: int = 0  # requests of dispatchers' batches answered, ever
+    in_flight: dict[tuple[int, int], InFlight] = field(default_factory=dict)  # (session, id) -> batch
+    cpu_seen: tuple[int | None, float] | None = None
+
+
+class WorkerNode:
+    def __init__(self, config: GatewayConfig, clock: Any = time.perf_counter):
+        self.config = config
+        self.clock = clock
+        self.name = config.worker.name or socket.gethostname()
+        self._socket_dir = tempfile.mkdtemp(prefix="gateway-worker-")
+        self.node: NodeExecutors = build_node_executors(config, Path(self._socket_dir), self._on_executor_change)
+        self.executors: dict[str, SupervisedExecutor] = self.node.by_id
+        self.loads = {name: ModelLoad() for name in self.node.cpu}
+        self.control: ControlLoop | None = None
+        self.sessions: dict[int, asyncio.StreamWriter] = {}
+        self._session_ids = iter(range(1, 1 << 62))
+        self._server: asyncio.AbstractServer | None = None
+        self._http: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.ready = False
+        self.registry = CollectorRegistry()
+        self._cores = Gauge("gateway_worker_cores", "Cores granted to an executor", ["executor"], registry=self.registry)
+        self._batches = Counter(
+            "gateway_worker_batches", "Batches run, by executor and outcome", ["executor", "outcome"], registry=self.registry
+        )
+        self._dispatchers = Gauge("gateway_worker_dispatchers", "Dispatchers connected", registry=self.registry)
+
+    # -- life --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        problem = worker_token_error(self.config.worker.token)
+        if problem is not None:
+            raise ValueError(f"worker.token: {problem}")
+        if self.node.docker is not None:
+            await asyncio.to_thread(self.node.docker.connect)
+        self.control = ControlLoop(
+            self.config,
+            measure=self._measure,
+            set_cores=self._set_cores,
+            on_period=self._on_period,
+            clock=self.clock,
+        )
+        for name, cores in self.control.initial_cores.items():
+            self.node.cpu[name].cores = cores
+        results = await asyncio.gather(*(e.start() for e in self.executors.values()), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.stop()
+            raise failures[0]
+        self.control.start()
+        host, port = split_host_port(self.config.worker.listen)
+        self._server = await asyncio.start_server(self._serve_dispatcher, host, port)
+        if self.config.worker.http_port:
+            await self._start_http(host)
+        self.ready = True
+        log.info(
+            "worker %s: %d executors ready, listening on %s; cores enforced by %s",
+            self.name,
+            len(self.executors),
+            self.config.worker.listen,
+            self.node.enforced_by,
+        )
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self.sessions.values()):
+            writer.close()
+        if self.control is not None:
+            await self.control.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+        await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
+        self.node.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    # -- what dispatchers see ----------------------------------------------------------------
+    def executor_state(self, executor: SupervisedExecutor) -> dict[str, Any]:
+        return {
+            "id": executor.id,
+            "state": executor.state,
+            "cores": executor.cores,
+            "enforced_cores": executor.enforced_cores,
+        }
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "kind": "hello",
+            "worker": self.name,
+            "pid": os.getpid(),
+            "clock": self.clock(),
+            "cpu_cores": self.config.node.cpu_cores,
+            "executors": [
+                {
+                    **self.executor_state(e),
+                    "device": e.device,
+                    "models": e.signatures,
+                    "provider": e.provider,
+                    "emulate": {name: list(profile) for name, profile in e.emulate.items()} or None,
+                }
+                for e in self.executors.values()
+            ],
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """The node for /v2/worker: devices, models, cores, the dispatchers connected."""
+        return {
+            "worker": self.name,
+            "ready": self.ready,
+            "cpu_cores": self.config.node.cpu_cores,
+            "gpus": list(self.config.node.gpus),
+            "enforced_by": self.node.enforced_by,
+            "dispatchers": len(self.sessions),
+            "executors": [e.describe() for e in self.executors.values()],
+            "models": {
+                name: {
+                    "cpu_executor": f"cpu-{name}" if name in self.node.cpu else None,
+                    # Requests its CPU executor answered, from every dispatcher: what its controller regulates.
+                    "served": self.loads[name].served if name in self.loads else 0,
+                    "cores": self.node.cpu[name].cores if name in self.node.cpu else 0.0,
+                }
+                for name in self.config.models
+            },
+        }
+
+    def _broadcast_status(self) -> None:
+        frame = encode_frame({"kind": "status", "executors": [self.executor_state(e) for e in self.executors.values()]})
+        for writer in list(self.sessions.values()):
+            if not writer.is_closing():
+                writer.writelines(frame)
+
+    def _on_executor_change(self, executor_id: str) -> None:
+        if self.sessions:
+            self._broadcast_status()
+
+    # -- a dispatcher's connection -----------------------------------------------------------
+    async def _serve_dispatcher(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            header, _ = await asyncio.wait_for(read_frame(reader), HELLO_TIMEOUT_S)
+        except Exception as error:
+            log.warning("worker %s: connection from %s sent no hello: %s", self.name, peer, error)
+            writer.close()
+            return
+        token = str(header.get("token", "")).encode()
+        expected = (self.config.worker.token or "").encode()
+        if header.get("kind") != "hello" or not hmac.compare_digest(token, expected):
+            why = "wrong token" if header.get("kind") == "hello" else "no hello"
+            log.warning("worker %s: refused %s: %s", self.name, peer, why)
+            writer.writelines(encode_frame({"kind": "refused", "message": "wrong worker token"}))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            return
+        session = next(self._session_ids)
+        self.sessions[session] = writer
+        self._dispatchers.set(len(self.sessions))
+        log.info("worker %s: dispatcher %s connected from %s", self.name, header.get("dispatcher"), peer)
+        writer.writelines(encode_frame(self.hello()))
+        try:
+            while True:
+                header, payload = await read_frame(reader)
+                if header.get("kind") == "infer":
+                    task = asyncio.create_task(self._infer(session, writer, header, payload))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception as error:
+            log.warning("worker %s: dispatcher %s: %s", self.name, peer, error)
+        finally:
+            self.sessions.pop(session, None)
+            self._dispatchers.set(len(self.sessions))
+            writer.close()
+            log.info("worker %s: dispatcher %s disconnected", self.name, header.get("dispatcher"))
+
+    async def _infer(self, session: int, writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes) -> None:
+        request_id, model = header.get("id"), str(header.get("model"))
+        executor = self.executors.get(str(header.get("executor")))
+        received = self.clock()
+        load = self.loads.get(model) if executor is not None and executor.device == "cpu" else None
+        key = (session, request_id)
+        if load is not None:
+            waited = [float(w) for w in header.get("waited_ms", [])]
+            load.in_flight[key] = InFlight(model, received, waited)
+            self._react(model)
+        reply: dict[str, Any]
+        buffers: list[Any] = []
+        outcome = "ok"
+        try:
+            if executor is None:
+                raise ExecutorFailed(f"worker {self.name} has no executor {header.get('executor')!r}")
+            tensors = unpack_tensors(header["tensors"], payload)
+            latest = header.get("latest", math.inf)
+            outputs, compute_ms = await asyncio.wait_for(
+                executor.infer(model, tensors, latest), self.config.models[model].hang_timeout_s
+            )
+            descriptions, buffers = pack_tensors(outputs)
+            reply = {"kind": "result", "id": request_id, "compute_ms": compute_ms, "tensors": descriptions}
+        except BatchLate as late:
+            reply, outcome = {"kind": "late", "id": request_id, "late_ms": late.late_ms}, "late"
+        except ModelError as error:
+            reply, outcome = {"kind": "error", "id": request_id, "message": str(error)}, "model_error"
+        except TimeoutError:
+            assert executor is not None
+            executor.kill_hung("no reply to a batch from a dispatcher in time (hang_timeout_ms)")
+            reply, outcome = {"kind": "failed", "id": request_id, "message": f"executor {executor.id} hung"}, "failed"
+        except (ExecutorFailed, KeyError, ValueError) as error:
+            reply, outcome = {"kind": "failed", "id": request_id, "message": str(error)}, "failed"
+        finally:
+            if load is not None:
+                batch = load.in_flight.pop(key, None)
+                if batch is not None and outcome == "ok":
+                    here_ms = (self.clock() - batch.received) * 1000
+                    for waited_ms in batch.waited_ms:
+                        load.window.add(waited_ms + here_ms)
+                    load.served += len(batch.waited_ms)
+        self._batches.labels(str(header.get("executor")), outcome).inc()
+        if not writer.is_closing():
+            writer.writelines(encode_frame(reply, buffers))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+    # -- the node's control plane ------------------------------------------------------------
+    def _backlog(self, load: ModelLoad, now: float) -> tuple[int, float | None]:
+        waiting = sum(len(b.waited_ms) for b in load.in_flight.values())
+        ages = [max(b.waited_ms, default=0.0) + (now - b.received) * 1000 for b in load.in_flight.values()]
+        return waiting, max(ages, default=None)
+
+    def _react(self, model: str) -> None:
+        """Work reached a model's executor: its controller may raise its cores between periods."""
+        if self.control is None:
+            return
+        load = self.loads[model]
+
+        def so_far() -> Window:
+            window = Window(load.window.count, load.window.total_ms)
+            window.waiting, window.oldest_wait_ms = self._backlog(load, self.clock())
+            return window
+
+        self.control.react(model, so_far)
+
+    def _measure(self) -> dict[str, Window]:
+        now = self.clock()
+        windows = {}
+        for name, load in self.loads.items():
+            window, load.window = load.window, Window()
+            window.cpu_s = self._cpu_used(self.node.cpu[name], load)
+            window.waiting, window.oldest_wait_ms = self._backlog(load, now)
+            windows[name] = window
+        return windows
+
+    @staticmethod
+    def _cpu_used(executor: SupervisedExecutor, load: ModelLoad) -> float:
+        total = executor.cpu_seconds()
+        if total is None:
+            return 0.0
+        previous, load.cpu_seen = load.cpu_seen, (executor.pid, total)
+        return total - previous[1] if previous is not None and previous[0] == executor.pid else 0.0
+
+    def _set_cores(self, name: str, cores: float) -> None:
+        executor = self.node.cpu[name]
+        if abs(executor.cores - cores) > 1e-6:
+            executor.set_cores(cores)
+        self._cores.labels(executor.id).set(cores)
+
+    def _on_period(self, now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
+        self._broadcast_status()  # the heartbeat too
+
+    # -- health and state over HTTP ------------------------------------------------------------
+    async def _start_http(self, host: str) -> None:
+        app = web.Application()
+
+        async def live(request: web.Request) -> web.Response:
+            return web.json_response({"live": True})
+
+        async def ready(request: web.Request) -> web.Response:
+            up = self.ready and all(e.ready for e in self.executors.values())
+            return web.json_response({"ready": up}, status=200 if up else 503)
+
+        async def state(request: web.Request) -> web.Response:
+            return web.json_response(self.describe())
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app.router.add_get("/v2/health/live", live)
+        app.router.add_get("/v2/health/ready", ready)
+        app.router.add_get("/v2/worker", state)
+        app.router.add_get("/metrics", metrics)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        await web.TCPSite(self._http, host, self.config.worker.http_port).start()
+
+
+async def serve_worker(config: GatewayConfig) -> None:
+    """Run a worker until SIGTERM or SIGINT."""
+    import signal
+
+    node = WorkerNode(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await node.start()
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()

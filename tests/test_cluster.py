@@ -1,0 +1,298 @@
+"""Several workers and dispatchers (ROMA Sections 2.1-2.2), each worker a host of its own.
+
+Workers run in network namespaces joined by a bridge (tests/netns.py), or on loopback
+addresses of their own where namespaces cannot be made; the dispatchers run in the root
+namespace and reach them over TCP, as pods reach each other through a cluster network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import requests
+import tritonclient.http as triton
+
+from tests.cluster import (
+    EXAMPLE_MODELS,
+    WORKER_PORT,
+    Worker,
+    cluster_config,
+    cluster_state,
+    dispatcher,
+    wait_for,
+    workers_on,
+)
+from tests.dns_server import TestDnsServer
+from tests.helpers import EXAMPLES, ROOT
+from tests.netns import make_hosts
+
+MLP = {"mlp": EXAMPLE_MODELS["mlp"]}
+PROFILE = ROOT / "tests" / "data" / "emulated_gpu.csv"
+
+
+def _input_for(client: triton.InferenceServerClient, model: str, rng: np.random.Generator) -> tuple[str, np.ndarray, str]:
+    metadata = client.get_model_metadata(model)
+    spec = metadata["inputs"][0]
+    # Free dimensions: a batch of 2, and 32 for the others (PP-OCR's detector needs multiples of 32).
+    shape = [(2 if i == 0 else 32) if d == -1 else d for i, d in enumerate(spec["shape"])]
+    return spec["name"], rng.random(shape, dtype=np.float32), metadata["outputs"][0]["name"]
+
+
+def _infer(client: triton.InferenceServerClient, model: str, name: str, array: np.ndarray, output: str):
+    tensor = triton.InferInput(name, list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    result = client.infer(model, [tensor])
+    return result.as_numpy(output), result.get_response()["parameters"]["executor"]
+
+
+def test_two_dispatchers_three_workers_serve_every_example_model(tmp_path: Path):
+    rng = np.random.default_rng(1)
+    with make_hosts(3) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(3)]
+        config = cluster_config(tmp_path / "cluster.toml", workers, EXAMPLE_MODELS, cpu_cores=0.6)
+        with workers_on(hosts, 3, config) as nodes, dispatcher(config) as first, dispatcher(config) as second:
+            served_on: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+            for gateway in (first, second):
+                client = triton.InferenceServerClient(gateway.url)
+                for model in EXAMPLE_MODELS:
+                    name, array, output = _input_for(client, model, rng)
+                    expected = ort.InferenceSession(str(EXAMPLES / EXAMPLE_MODELS[model]["path"])).run(None, {name: array})[0]
+                    for _ in range(12 if model == "mlp" else 2):
+                        got, executor = _infer(client, model, name, array, output)
+                        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+                        served_on[model][executor.split("/")[0]] += 1
+            # Replicas on several workers serve one model: the round-robin spreads over them.
+            assert len(served_on["mlp"]) >= 2, served_on["mlp"]
+            assert set(served_on["mlp"]) <= set(workers)
+            # Each worker's controllers count every request that reached its executors, from
+            # either dispatcher (profiling batches carry no request and count none).
+            for node in nodes:
+                seen = node.state()["models"]
+                for model, by_worker in served_on.items():
+                    assert seen[model]["served"] == by_worker.get(node.endpoint, 0), (node.endpoint, model, seen[model])
+
+            # Replicas at run time: one worker for cnn_small through the first dispatcher only.
+            admin = first.base + "/admin/models/cnn_small/replicas"
+            assert requests.put(admin, json={"replicas": 0}, timeout=5).status_code == 400
+            state = requests.put(admin, json={"replicas": 1}, timeout=5).json()
+            assert len(state["replicas"]["placed"]) == 1
+            only = state["replicas"]["placed"][0]
+            client = triton.InferenceServerClient(first.url)
+            name, array, output = _input_for(client, "cnn_small", rng)
+            assert {_infer(client, "cnn_small", name, array, output)[1].split("/")[0] for _ in range(8)} == {only}
+            # The second dispatcher's placement is its own.
+            assert len(requests.get(second.base + "/admin/models/cnn_small", timeout=5).json()["replicas"]["placed"]) == 3
+
+
+class Load:
+    """Clients sending to several dispatchers until stopped; every answer and its time kept."""
+
+    def __init__(self, urls: list[str], threads_per_url: int = 2, timeout_s: float = 30.0):
+        self.urls, self.timeout_s = urls, timeout_s
+        self.answers: list[tuple[float, float, int, str]] = []  # (sent, took, status, executor or error)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(u,)) for u in urls for _ in range(threads_per_url)]
+        body = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]}
+        self._body = body
+
+    def _run(self, url: str) -> None:
+        session = requests.Session()
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                response = session.post(f"{url}/v2/models/mlp/infer", json=self._body, timeout=self.timeout_s)
+            except requests.RequestException as error:  # no answer at all: the test fails on it
+                self.answers.append((sent, time.monotonic() - sent, 0, str(error)))
+                time.sleep(0.05)  # a gateway that is gone refuses at once: do not spin
+                continue
+            body = response.json()
+            what = body["parameters"]["executor"] if response.status_code == 200 else body.get("error", "")
+            self.answers.append((sent, time.monotonic() - sent, response.status_code, what))
+            time.sleep(0.005)
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def since(self, t: float) -> list[tuple[float, float, int, str]]:
+        return [a for a in list(self.answers) if a[0] >= t]
+
+
+REQUEST_TIMEOUT_MS = 5000.0
+
+
+def workers_answering(answers: list[tuple[float, float, int, str]]) -> set[str]:
+    return {a[3].split("/")[0] for a in answers if a[2] == 200}
+
+
+def connected(gateway) -> set[str]:
+    """The workers a dispatcher is connected to."""
+    return {w["address"] for w in cluster_state(gateway)["workers"] if w["connected"]}
+
+
+def test_a_worker_killed_under_load_fails_only_its_batches_and_is_taken_back(tmp_path: Path):
+    with make_hosts(3) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(3)]
+        config = cluster_config(
+            tmp_path / "cluster.toml", workers, MLP, server={"request_timeout_ms": REQUEST_TIMEOUT_MS}, policy="feedforward"
+        )
+        with workers_on(hosts, 3, config) as nodes, dispatcher(config) as first, dispatcher(config) as second:
+            victim: Worker = nodes[0]
+            with Load([first.base, second.base]) as load:
+                wait_for(lambda: len(workers_answering(load.answers)) == 3, 20, "all three workers used")
+                killed_at = time.monotonic()
+                victim.kill()
+                time.sleep(3)
+                # Routed around: the other workers keep serving both dispatchers.
+                after = load.since(killed_at + 1.0)
+                assert after and all(a[2] == 200 for a in after), collections.Counter(a[2] for a in after)
+                assert victim.endpoint not in {a[3].split("/")[0] for a in after}
+                victim.start()
+                victim.wait_ready()
+                for gateway in (first, second):
+                    wait_for(lambda g=gateway: victim.endpoint in connected(g), 15, "the restarted worker taken back")
+                back_at = time.monotonic()
+                wait_for(lambda: any(a[3].startswith(victim.endpoint) for a in load.since(back_at)), 15, "requests on it again")
+            answers = load.answers
+            statuses = collections.Counter(a[2] for a in answers)
+            # Every request answered, 200 or 503 (a batch in flight on the killed worker), none
+            # after its timeout, and the 503s say why.
+            assert set(statuses) <= {200, 503}, statuses
+            assert max(a[1] for a in answers) < REQUEST_TIMEOUT_MS / 1000 + 1.0
+            failed = [a for a in answers if a[2] == 503]
+            assert all(victim.endpoint in a[3] for a in failed), failed
+            assert all(killed_at - 0.5 <= a[0] <= killed_at + 0.5 for a in failed), failed
+            assert statuses[200] > 100
+
+
+def test_a_worker_cut_off_is_noticed_by_its_silence_and_taken_back(tmp_path: Path):
+    with make_hosts(2) as hosts:
+        if not hosts.can_cut:
+            pytest.fail("network namespaces are needed to cut a worker off (tests/netns.py): " + str(hosts))
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        config = cluster_config(tmp_path / "cluster.toml", workers, MLP, server={"request_timeout_ms": REQUEST_TIMEOUT_MS})
+        with workers_on(hosts, 2, config) as nodes, dispatcher(config) as gateway:
+            cut = nodes[1]
+            with Load([gateway.base]) as load:
+                wait_for(lambda: len(workers_answering(load.answers)) == 2, 20, "both workers used")
+                cut_at = time.monotonic()
+                hosts.cut(1)  # no FIN, no RST: only the heartbeat can tell
+                wait_for(lambda: cut.endpoint not in connected(gateway), 6, "the cut-off worker noticed")
+                noticed_at = time.monotonic()
+                time.sleep(1.0)
+                after = load.since(noticed_at)
+                assert after and all(a[2] == 200 and not a[3].startswith(cut.endpoint) for a in after)
+                hosts.restore(1)
+                restored_at = time.monotonic()
+                wait_for(lambda: any(a[3].startswith(cut.endpoint) for a in load.since(restored_at)), 15, "used again")
+            answers = load.answers
+            assert {a[2] for a in answers} <= {200, 503}
+            # What was in flight on it ended within the heartbeat timeout (2 s), not the request timeout.
+            assert all(a[1] < 2.0 + 1.0 for a in answers if a[0] >= cut_at and a[2] == 503)
+            assert noticed_at - cut_at < 2.0 + 1.5
+
+
+def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path):
+    with make_hosts(2) as hosts, TestDnsServer() as dns:
+        name = "gateway-workers.gateway.svc.cluster.local"
+        dns.set(name, [hosts.address(0)])
+        config = cluster_config(
+            tmp_path / "cluster.toml",
+            f"dns:{name}:{WORKER_PORT}",
+            MLP,
+            cluster={"dns_server": dns.address, "resolve_interval_s": 0.3},
+        )
+        with workers_on(hosts, 2, config) as nodes, dispatcher(config) as gateway:
+            first, second = nodes[0].endpoint, nodes[1].endpoint
+
+            assert connected(gateway) == {first}
+            with Load([gateway.base], threads_per_url=1) as load:
+                dns.set(name, [hosts.address(0), hosts.address(1)])  # a pod became ready
+                wait_for(lambda: connected(gateway) == {first, second}, 10, "the new worker used")
+                wait_for(lambda: any(a[3].startswith(second) for a in load.answers), 10, "requests on the new worker")
+                dns.set(name, [hosts.address(1)])  # the first pod is going away
+                wait_for(lambda: connected(gateway) == {second}, 10, "the old worker drained")
+                drained_at = time.monotonic()
+                time.sleep(1.0)
+                after = load.since(drained_at)
+                assert after and all(a[2] == 200 and a[3].startswith(second) for a in after)
+            # Drained, not cut: nothing failed.
+            assert {a[2] for a in load.answers} == {200}
+
+
+async def test_the_gpu_scheduler_sees_every_gpu_of_every_worker(tmp_path: Path):
+    import tritonclient.http.aio as triton_aio
+
+    # Two workers with one emulated GPU each (20 ms + 0.5 ms a row for mlp, batches of at most 8:
+    # about 330 requests/s per GPU). mlp is served on GPUs only, so a burst at 500/s needs both.
+    models = {"mlp": {**EXAMPLE_MODELS["mlp"], "sla_ms": 400, "max_batch_size": 8, "cpu_executor": False}}
+    with make_hosts(2) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        config = cluster_config(
+            tmp_path / "cluster.toml",
+            workers,
+            models,
+            node={"gpus": [0]},
+            gpu={"executor": "emulated", "profile": str(PROFILE)},
+        )
+        with workers_on(hosts, 2, config), dispatcher(config) as gateway:
+            described = requests.get(gateway.base + "/admin/models/mlp", timeout=5).json()
+            assert sorted(e["id"] for e in described["executors"]) == sorted(f"{w}/gpu-0" for w in workers)
+            assert all(e["device"] == "gpu:0" and e["emulated"] for e in described["executors"])
+            # The emulated profile travelled with the worker's hello: the scheduler plans with it.
+            assert described["profiles"]["gpu"] == {"per_item_ms": 0.5, "fixed_ms": 20.0}
+            session = ort.InferenceSession(str(EXAMPLES / "models/mlp.onnx"), providers=["CPUExecutionProvider"])
+            client = triton_aio.InferenceServerClient(gateway.url, conn_limit=64)
+            rng = np.random.default_rng(2)
+
+            async def one(i: int) -> tuple[np.ndarray, dict]:
+                await asyncio.sleep(i * 0.002)
+                data = rng.random((1, 512), dtype=np.float32)
+                tensor = triton_aio.InferInput("x", [1, 512], "FP32")
+                tensor.set_data_from_numpy(data)
+                result = await client.infer("mlp", [tensor])
+                np.testing.assert_allclose(result.as_numpy("y"), session.run(None, {"x": data})[0], rtol=1e-4, atol=1e-5)
+                return result.get_response()["parameters"]
+
+            try:
+                answers = await asyncio.gather(*(one(i) for i in range(200)))
+            finally:
+                await client.close()
+            used = collections.Counter(a["executor"] for a in answers)
+            assert set(used) == {f"{w}/gpu-0" for w in workers}, used
+            assert {a["executed_on"] for a in answers} == {"gpu:0"}
+            assert max(a["batch_size"] for a in answers) > 1  # batched on the remote GPUs
+
+
+def test_a_dispatcher_killed_loses_only_its_own_requests(tmp_path: Path):
+    with make_hosts(2) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        config = cluster_config(tmp_path / "cluster.toml", workers, MLP, server={"request_timeout_ms": REQUEST_TIMEOUT_MS})
+        with workers_on(hosts, 2, config) as nodes, dispatcher(config) as doomed, dispatcher(config) as survivor:
+            with Load([doomed.base]) as lost, Load([survivor.base]) as kept:
+                wait_for(lambda: len(workers_answering(kept.answers)) == 2, 20, "both workers used")
+                wait_for(lambda: len(workers_answering(lost.answers)) == 2, 20, "both workers used by the other")
+                doomed.process.kill()  # kill -9: no goodbye to the workers
+                killed_at = time.monotonic()
+                doomed.process.wait()
+                # The workers notice the closed connections and keep serving the other dispatcher.
+                wait_for(lambda: all(n.state()["dispatchers"] == 1 for n in nodes), 10, "the workers let it go")
+                time.sleep(1.5)
+            # The survivor lost nothing, before, during or after, and still uses both workers.
+            assert kept.answers and {a[2] for a in kept.answers} == {200}, collections.Counter(a[2] for a in kept.answers)
+            assert workers_answering(kept.since(killed_at + 0.5)) == set(workers)
+            # The killed dispatcher's own clients got errors once it was gone (nothing else could answer them).
+            assert any(a[2] == 0 for a in lost.since(killed_at))
