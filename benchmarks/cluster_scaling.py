@@ -8,9 +8,12 @@ loop clients (``gateway bench --concurrency``), in one run:
 - ``local``: ``gateway serve`` alone, the executor on this host under the same quota;
 - ``1``, ``2``, ``3`` workers behind one dispatcher.
 
-Throughput is measured with enough clients to keep every executor busy; the hop is measured
-with one client (no queueing): the mean latency through the dispatcher and one worker minus the
-local one. Writes benchmarks/work/cluster_scaling.json and prints a Markdown table.
+Throughput is measured with enough clients to keep every executor busy. The hop is measured
+with one client (no queueing) on a model that computes in a fraction of a millisecond (the MLP,
+``--hop-cores``, 1 core by default), so that neither its compute nor the quota's throttling hides
+it: the latency through the dispatcher and one worker minus the latency of ``gateway serve``
+alone with the same executor. Writes benchmarks/work/cluster_scaling.json and prints Markdown
+tables.
 
     sudo .venv/bin/python benchmarks/cluster_scaling.py
 """
@@ -35,12 +38,13 @@ from tests.netns import Hosts  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"
 MODEL = {"upconv_m": {"path": "models/upconv_m.onnx", "sla_ms": 1000, "max_batch_size": 8}}
+HOP_MODEL = {"mlp": {"path": "models/mlp.onnx", "sla_ms": 1000, "max_batch_size": 8}}
 
 
-def bench(url: str, concurrency: int, duration_s: float) -> dict[str, Any]:
+def bench(url: str, concurrency: int, duration_s: float, model: str = "upconv_m") -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as output:
         subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "bench", url, "--model", "upconv_m", "--concurrency", str(concurrency)]
+            [sys.executable, "-m", "gateway.cli", "bench", url, "--model", model, "--concurrency", str(concurrency)]
             + ["--duration", str(duration_s), "--quiet", "--output", output.name],
             check=True,
             cwd=ROOT,
@@ -63,11 +67,19 @@ def measure(url: str, workers: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def hop(url: str, args: argparse.Namespace) -> dict[str, float]:
+    """One client on the light model: what a request costs besides its compute."""
+    bench(url, 1, 2.0, "mlp")  # warm up
+    result = bench(url, 1, args.duration, "mlp")
+    return {"throughput_rps": result["throughput_rps"], **result["latency_ms"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cores", type=float, default=0.4, help="the CPU quota of each executor, in cores")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
     parser.add_argument("--clients-per-worker", type=int, default=4)
+    parser.add_argument("--hop-cores", type=float, default=1.0, help="the cores of the light model's executor")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -84,12 +96,23 @@ def main() -> int:
             with workers_on(hosts, count, config), dispatcher(config) as gateway:
                 rows.append({**measure(gateway.base, count, args), "system": f"{count} worker{'s' * (count > 1)}"})
             print(f"{rows[-1]['system']}: {rows[-1]['throughput_rps']} req/s", file=sys.stderr)
+    # The hop, on the light model: alone, then through one worker.
+    light = {name: {**m, "cpu": {"cores": args.hop_cores, "threads": 1}} for name, m in HOP_MODEL.items()}
+    hops: dict[str, dict[str, float]] = {}
+    with run_gateway(cluster_config(folder / "hop-local.toml", None, light, cpu_cores=args.hop_cores)) as gateway:
+        hops["local"] = hop(gateway.base, args)
+    with Hosts(1, prefix="gh") as hosts:
+        config = cluster_config(
+            folder / "hop-cluster.toml", [f"{hosts.address(0)}:{WORKER_PORT}"], light, cpu_cores=args.hop_cores
+        )
+        with workers_on(hosts, 1, config), dispatcher(config) as gateway:
+            hops["1 worker"] = hop(gateway.base, args)
     one = next(r for r in rows if r["system"] == "1 worker")
-    local_row = rows[0]
     result = {
         "cores_per_executor": args.cores,
         "rows": rows,
-        "hop_ms": round(one["single_client_mean_ms"] - local_row["single_client_mean_ms"], 3),
+        "hop": hops,
+        "hop_ms": {q: round(hops["1 worker"][q] - hops["local"][q], 3) for q in ("mean", "p50", "p99")},
     }
     (WORK / "cluster_scaling.json").write_text(json.dumps(result, indent=2))
     print("| system | throughput (req/s) | vs 1 worker | p50 / p99 under load (ms) | one client: mean / p50 (ms) |")
@@ -101,7 +124,12 @@ def main() -> int:
             f"| {row['system']} | {row['throughput_rps']:.1f} | {ratio:.2f}x | {loaded['p50']:.1f} / {loaded['p99']:.1f} "
             f"| {row['single_client_mean_ms']:.2f} / {row['single_client_p50_ms']:.2f} |"
         )
-    print(f"\nnetwork hop (1 worker minus local, one client, mean): {result['hop_ms']:.2f} ms")
+    print("\n| mlp, one client | req/s | mean (ms) | p50 (ms) | p99 (ms) |")
+    print("|---|---|---|---|---|")
+    for system, row in hops.items():
+        print(f"| {system} | {row['throughput_rps']:.0f} | {row['mean']:.3f} | {row['p50']:.3f} | {row['p99']:.3f} |")
+    added = result["hop_ms"]
+    print(f"| the hop (1 worker minus local) | | {added['mean']:+.3f} | {added['p50']:+.3f} | {added['p99']:+.3f} |")
     return 0
 
 

@@ -57,6 +57,7 @@ def cluster_config(
     server: dict[str, Any] | None = None,
     node: dict[str, Any] | None = None,
     gpu: dict[str, Any] | None = None,
+    worker: dict[str, Any] | None = None,
 ) -> Path:
     """One config for the workers and the dispatchers, as a Kubernetes ConfigMap would hold it
     (``workers`` None: a gateway serving alone, for comparison)."""
@@ -68,6 +69,8 @@ def cluster_config(
     }
     if gpu is not None:
         tables["gpu"] = gpu
+    if worker is not None:
+        tables["worker"] = worker
     if workers is not None:
         tables["cluster"] = {"workers": workers, "heartbeat_timeout_s": 2.0, "start_timeout_s": 90.0, **(cluster or {})}
     lines = []

@@ -47,6 +47,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 REQUIRE_ENV = "GATEWAY_REQUIRE_NETNS"
+NETNS_DIR = "/run/netns"  # where `ip netns add` keeps the namespaces it names
 IFNAMSIZ = 15  # the kernel's limit on an interface name, without its terminating NUL
 # Processes a Hosts started and still running at close get this long to end after SIGTERM.
 TERMINATE_S = 3.0
@@ -89,6 +90,8 @@ def available() -> str | None:
         return "not root: network namespaces and veth pairs need CAP_NET_ADMIN"
     if shutil.which("ip") is None:
         return "no `ip` command (install iproute2)"
+    if shutil.which("nsenter") is None:
+        return "no `nsenter` command (install util-linux)"
     probe = f"gwprobe{os.getpid()}-{random.getrandbits(32):08x}"
     try:
         added = _ip("netns", "add", probe, check=False)
@@ -193,16 +196,25 @@ class Hosts:
 
     # -- processes and links -----------------------------------------------------------------
 
+    def enter(self, i: int) -> list[str]:
+        """The command prefix that runs a program in host ``i``'s network namespace, and in it alone.
+
+        Not ``ip netns exec``: it also unshares the mount namespace and mounts a fresh /sys, which
+        has no cgroup hierarchies under /sys/fs/cgroup, so a worker started that way could only
+        fall back to CPU affinity. A pod keeps the node's cgroups (the worker DaemonSet mounts
+        them); ``nsenter --net`` keeps them too. It execs the program: a Popen's pid is its own."""
+        self._check(i)
+        return ["nsenter", f"--net={NETNS_DIR}/{self.namespace(i)}", "--"]
+
     def popen(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        """Run ``argv`` inside host ``i`` (``ip netns exec``, which execs it: the Popen's pid is the
-        command's own). Takes subprocess.Popen's keyword arguments."""
-        process = subprocess.Popen(["ip", "netns", "exec", self.namespace(i), *argv], **kwargs)
+        """Run ``argv`` inside host ``i``. Takes subprocess.Popen's keyword arguments."""
+        process = subprocess.Popen([*self.enter(i), *argv], **kwargs)
         self._processes.append(process)
         return process
 
     def run(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """Run ``argv`` inside host ``i`` to its end (subprocess.run's keyword arguments)."""
-        return subprocess.run(["ip", "netns", "exec", self.namespace(i), *argv], **kwargs)
+        return subprocess.run([*self.enter(i), *argv], **kwargs)
 
     def cut(self, i: int) -> None:
         """Partition host ``i``: its bridge port goes down, so every packet to or from it is

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,8 +20,10 @@ import pytest
 import requests
 import tritonclient.http as triton
 
+from executors.limits import unavailable_reason
 from tests.cluster import (
     EXAMPLE_MODELS,
+    TOKEN,
     WORKER_PORT,
     Worker,
     cluster_config,
@@ -58,6 +61,10 @@ def test_two_dispatchers_three_workers_serve_every_example_model(tmp_path: Path)
         workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(3)]
         config = cluster_config(tmp_path / "cluster.toml", workers, EXAMPLE_MODELS, cpu_cores=0.6)
         with workers_on(hosts, 3, config) as nodes, dispatcher(config) as first, dispatcher(config) as second:
+            # Each worker holds its executors to their cores with the machine's cgroups, as a
+            # worker pod does with its node's: not with the affinity fallback.
+            if unavailable_reason("cpu") is None:
+                assert {node.state()["enforced_by"] for node in nodes} <= {"cgroup-v1", "cgroup-v2"}
             served_on: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
             for gateway in (first, second):
                 client = triton.InferenceServerClient(gateway.url)
@@ -296,3 +303,81 @@ def test_a_dispatcher_killed_loses_only_its_own_requests(tmp_path: Path):
             assert workers_answering(kept.since(killed_at + 0.5)) == set(workers)
             # The killed dispatcher's own clients got errors once it was gone (nothing else could answer them).
             assert any(a[2] == 0 for a in lost.since(killed_at))
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _certificate_authority(folder: Path, name: str) -> tuple[Path, Path]:
+    ca, key = folder / f"{name}.pem", folder / f"{name}.key"
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+        "-keyout", str(key), "-out", str(ca),
+    )  # fmt: skip
+    return ca, key
+
+
+def _worker_certificate(folder: Path, ca: tuple[Path, Path], address: str) -> tuple[Path, Path]:
+    """A certificate for the worker at ``address``, signed by ``ca``, naming that address."""
+    cert, key, request, extensions = (folder / f"worker.{suffix}" for suffix in ("pem", "key", "csr", "ext"))
+    extensions.write_text(f"subjectAltName = IP:{address}\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=worker", "-keyout", str(key), "-out", str(request))
+    _openssl(
+        "x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
+        "-days", "1", "-extfile", str(extensions), "-out", str(cert),
+    )  # fmt: skip
+    return cert, key
+
+
+async def _first_frame(address: str, port: int, **tls: object) -> dict | BaseException:
+    """What a worker answers a dispatcher's hello with (the right token) on this kind of connection."""
+    from executors.connection import read_frame
+    from executors.wire import encode_frame
+
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(address, port, **tls), 5)
+        writer.writelines(encode_frame({"kind": "hello", "token": TOKEN, "dispatcher": "test"}))
+        await writer.drain()
+        header, _ = await asyncio.wait_for(read_frame(reader), 10)
+        writer.close()
+        return header
+    except Exception as error:
+        return error
+
+
+async def test_workers_over_tls_take_only_dispatchers_that_trust_them(tmp_path: Path):
+    import ssl
+
+    with make_hosts(1) as hosts:
+        address = hosts.address(0)
+        ca = _certificate_authority(tmp_path, "cluster-ca")
+        stranger = _certificate_authority(tmp_path, "another-ca")
+        cert, key = _worker_certificate(tmp_path, ca, address)
+        config = cluster_config(
+            tmp_path / "cluster.toml",
+            [f"{address}:{WORKER_PORT}"],
+            MLP,
+            worker={"tls_cert": str(cert), "tls_key": str(key)},
+            cluster={"tls_ca": str(ca[0])},
+        )
+        with workers_on(hosts, 1, config) as nodes, dispatcher(config) as gateway:
+            state = cluster_state(gateway)
+            assert state["tls"] is True and [w["connected"] for w in state["workers"]] == [True]
+            client = triton.InferenceServerClient(gateway.url)
+            name, array, output = _input_for(client, "mlp", np.random.default_rng(3))
+            got, executor = _infer(client, "mlp", name, array, output)
+            expected = ort.InferenceSession(str(EXAMPLES / "models/mlp.onnx")).run(None, {name: array})[0]
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+            assert executor == f"{nodes[0].endpoint}/cpu-mlp"
+            # The dispatcher's own context: the worker's hello comes back over TLS.
+            trusted = ssl.create_default_context(cafile=str(ca[0]))
+            assert (await _first_frame(address, WORKER_PORT, ssl=trusted))["kind"] == "hello"
+            # Plain TCP with the right token gets no hello: the worker speaks TLS only.
+            plain = await _first_frame(address, WORKER_PORT)
+            assert isinstance(plain, BaseException), plain
+            # A dispatcher that trusts another CA refuses the worker's certificate.
+            other = ssl.create_default_context(cafile=str(stranger[0]))
+            assert isinstance(await _first_frame(address, WORKER_PORT, ssl=other), ssl.SSLCertVerificationError)
+            # The worker kept serving through all of it.
+            assert _infer(client, "mlp", name, array, output)[1] == executor

@@ -83,6 +83,18 @@ def test_example_config_loads(example_models):
             "balance",
         ),
         ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nreplicas = 0\n", "models.m.replicas", "0"),
+        ("[worker]\ntls_cert = 'mlp.onnx'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "worker.tls_key", "both"),
+        (
+            "[worker]\ntls_cert = 'mlp.onnx'\ntls_key = 'mlp.onnx'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "worker.tls_cert",
+            "cannot load",
+        ),
+        (
+            "[cluster]\nworkers = ['10.0.0.2:7070']\ntoken = '0123456789abcdef'\ntls_ca = 'none.pem'\n"
+            "[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "cluster.tls_ca",
+            "cannot read CA certificates",
+        ),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):

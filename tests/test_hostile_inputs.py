@@ -127,13 +127,20 @@ def binary_request(inputs: list[tuple[dict, bytes]], parameters: dict | None = N
     return header + b"".join(raw for _, raw in inputs), len(header)
 
 
-def test_large_requests_leave_health_probes_answered_within_50_ms(gateway):
+# Probes waited 1.3-3.7 s behind a body decoded on the event loop; a free loop answers in ms.
+BLOCKED_LOOP_S = 0.3
+
+
+def test_large_requests_do_not_hold_up_health_probes(gateway):
     """A 60 MB body of 15M empty BYTES elements and a 60 MB JSON tensor over max_batch_size are
     refused before anything is decoded, and a valid 2048-row JSON tensor is decoded off the loop:
-    meanwhile /v2/health/live, probed every 20 ms, answers within 50 ms at the 99th percentile.
+    meanwhile /v2/health/live, probed every 20 ms, keeps answering.
 
     Before the fix the BYTES body was decoded on the loop first (3.7 s, each probe behind it
-    waiting as long), and the JSON one parsed and converted (1.3 s).
+    waiting as long), and the JSON one parsed and converted (1.3 s). The bound below is a
+    quarter of the shorter of those, far above what a probe takes on an idle machine (a few ms),
+    so that a busy 2-core machine running other tests beside this one does not fail it: it tells
+    a blocked loop from a free one, and is no measure of speed (benchmarks are for that).
     """
     elements = 5_000_000 * 3
     many_strings, many_strings_length = binary_request(
@@ -186,7 +193,7 @@ def test_large_requests_leave_health_probes_answered_within_50_ms(gateway):
     median, worst = statistics.median(probes), probes[-1]
     summary = f"{len(probes)} probes: median {median * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {worst * 1e3:.1f} ms"
     assert len(probes) >= 250, summary
-    assert p99 < 0.050, summary
+    assert p99 < BLOCKED_LOOP_S, summary
     assert outcomes(gateway, "strings").get("invalid", 0) == before["strings"].get("invalid", 0) + rounds
     assert outcomes(gateway, "mlp").get("invalid", 0) == before["mlp"].get("invalid", 0) + rounds
 

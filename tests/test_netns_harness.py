@@ -135,6 +135,20 @@ def test_a_host_reaches_the_root_namespace_at_the_gateway_address() -> None:
         assert out.strip() == "hello"
 
 
+def test_a_host_shares_the_machines_cgroups_as_a_pod_shares_its_nodes() -> None:
+    """A worker on a host must set its executors' CPU quotas as it would in a pod: the host's
+    processes see the same cgroup hierarchies as the root namespace (``ip netns exec`` would
+    mount a fresh /sys without them), in a network namespace of their own."""
+    needs_namespaces()
+    here = sorted(os.listdir("/sys/fs/cgroup"))
+    assert here, "this machine has no cgroup hierarchy to compare with"
+    with make_hosts(1) as hosts:
+        listed = hosts.run(0, ["ls", "/sys/fs/cgroup"], capture_output=True, text=True, check=True).stdout.split()
+        net = hosts.run(0, ["readlink", "/proc/self/ns/net"], capture_output=True, text=True, check=True).stdout.strip()
+    assert sorted(listed) == here
+    assert net != os.readlink("/proc/self/ns/net")
+
+
 def test_cleanup_removes_everything_when_the_test_fails() -> None:
     needs_namespaces()
     before = ip_names()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from gateway.cluster.discovery import Discovery, make_resolver, parse_workers
 from gateway.cluster.link import RemoteExecutor, WorkerLink
+from gateway.cluster.tls import client_context
 from gateway.config import ClusterConfig, GatewayConfig
 from schedulers.placement import place
 
@@ -48,6 +49,7 @@ class Cluster:
         assert config.cluster is not None
         self.config: ClusterConfig = config.cluster
         self.token = self.config.token or ""
+        self.tls = client_context(self.config.tls_ca) if self.config.tls_ca is not None else None
         self.name = self.config.name or f"{socket.gethostname()}-{os.getpid()}"
         self.on_executor, self.on_ready_change = on_executor, on_ready_change
         #: Replicas wanted per model with a CPU executor (None: one on every worker that holds it).
@@ -97,6 +99,7 @@ class Cluster:
             "dispatcher": self.name,
             "workers_from": str(self.discovery.source),
             "placement": self.config.placement,
+            "tls": self.tls is not None,
             "workers": [
                 {
                     "address": address,
@@ -124,6 +127,7 @@ class Cluster:
                 self.name,
                 heartbeat_timeout_s=self.config.heartbeat_timeout_s,
                 on_change=self._on_link_change,
+                tls=self.tls,
             )
             # A draining link of the same address is replaced: its executors' ids are reused
             # by the new link's, which the engine already knows.

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -143,6 +144,7 @@ class WorkerLink:
         *,
         heartbeat_timeout_s: float,
         on_change: Callable[[WorkerLink, list[RemoteExecutor]], None],
+        tls: ssl.SSLContext | None = None,
     ):
         """``on_change(link, executors)`` is called when the link goes up or down and when the
         worker reports a change of its executors; ``executors`` are those whose readiness may
@@ -150,6 +152,7 @@ class WorkerLink:
         self.address, self.token, self.dispatcher = address, token, dispatcher
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.on_change = on_change
+        self.tls = tls  # None: plain TCP
         self.executors: dict[str, RemoteExecutor] = {}
         self.connection: ExecutorConnection | None = None
         self.connected = False
@@ -203,7 +206,10 @@ class WorkerLink:
 
     async def _session(self) -> None:
         host, _, port = self.address.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), CONNECT_TIMEOUT_S)
+        host = host.strip("[]")
+        # With TLS the worker's certificate must name the host or address dialled.
+        tls = {"ssl": self.tls, "server_hostname": host} if self.tls is not None else {}
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), **tls), CONNECT_TIMEOUT_S)
         try:
             writer.writelines(encode_frame({"kind": "hello", "token": self.token, "dispatcher": self.dispatcher}))
             await writer.drain()

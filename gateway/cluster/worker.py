@@ -47,6 +47,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from executors.connection import BatchLate, ExecutorFailed, ModelError, read_frame
 from executors.lifecycle import SupervisedExecutor
 from executors.wire import encode_frame, pack_tensors, unpack_tensors
+from gateway.cluster.tls import server_context
 from gateway.config import GatewayConfig, worker_token_error
 from gateway.control import ControlLoop
 from gateway.node import NodeExecutors, build_node_executors
@@ -129,15 +130,21 @@ class WorkerNode:
             raise failures[0]
         self.control.start()
         host, port = split_host_port(self.config.worker.listen)
-        self._server = await asyncio.start_server(self._serve_dispatcher, host, port)
+        worker = self.config.worker
+        tls = server_context(worker.tls_cert, worker.tls_key) if worker.tls_cert and worker.tls_key else None
+        # A TLS handshake gets the hello's time; one that never finishes is dropped as a silent peer is.
+        self._server = await asyncio.start_server(
+            self._serve_dispatcher, host, port, ssl=tls, ssl_handshake_timeout=HELLO_TIMEOUT_S if tls else None
+        )
         if self.config.worker.http_port:
             await self._start_http(host)
         self.ready = True
         log.info(
-            "worker %s: %d executors ready, listening on %s; cores enforced by %s",
+            "worker %s: %d executors ready, listening on %s (%s); cores enforced by %s",
             self.name,
             len(self.executors),
             self.config.worker.listen,
+            "TLS" if tls else "plain TCP",
             self.node.enforced_by,
         )
 

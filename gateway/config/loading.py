@@ -40,6 +40,7 @@ from gateway.config.schema import (
     NodeConfig,
     PlantConfig,
     ServerConfig,
+    WorkerConfig,
     default_threads,
 )
 
@@ -103,10 +104,20 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     cpu_models = sum(table.cpu_executor for table in file.models.values())
     default_cores = node.cpu_cores / max(1, cpu_models)
     models = {name: _model(source, name, table, server, node, gpu, default_cores) for name, table in file.models.items()}
-    worker = dataclasses.replace(file.worker, token=_token("GATEWAY_WORKER_TOKEN", file.worker.token))
+    worker = dataclasses.replace(
+        file.worker,
+        token=_token("GATEWAY_WORKER_TOKEN", file.worker.token),
+        tls_cert=base / file.worker.tls_cert if file.worker.tls_cert else None,
+        tls_key=base / file.worker.tls_key if file.worker.tls_key else None,
+    )
+    _check_worker_tls(source, worker)
     cluster = file.cluster
     if cluster is not None:
-        cluster = dataclasses.replace(cluster, token=_token("GATEWAY_WORKER_TOKEN", cluster.token))
+        cluster = dataclasses.replace(
+            cluster,
+            token=_token("GATEWAY_WORKER_TOKEN", cluster.token),
+            tls_ca=base / cluster.tls_ca if cluster.tls_ca else None,
+        )
         _check_cluster(source, cluster)
     return GatewayConfig(
         source=source,
@@ -132,6 +143,31 @@ def _check_cluster(source: Path, cluster: ClusterConfig) -> None:
     problem = worker_token_error(cluster.token)
     if problem is not None:
         raise ConfigError(source, "cluster.token", problem)
+    if cluster.tls_ca is not None:
+        from gateway.cluster.tls import client_context
+
+        try:
+            client_context(cluster.tls_ca)
+        except (OSError, ValueError) as error:
+            raise ConfigError(source, "cluster.tls_ca", f"cannot read CA certificates from {cluster.tls_ca}: {error}") from None
+
+
+def _check_worker_tls(source: Path, worker: WorkerConfig) -> None:
+    """A certificate needs its key and the other way round; both must load (a wrong key fails
+    here, not at a dispatcher's first connect)."""
+    if worker.tls_cert is None and worker.tls_key is None:
+        return
+    if worker.tls_cert is None or worker.tls_key is None:
+        missing = "worker.tls_key" if worker.tls_key is None else "worker.tls_cert"
+        raise ConfigError(source, missing, "TLS needs both worker.tls_cert and worker.tls_key")
+    from gateway.cluster.tls import server_context
+
+    try:
+        server_context(worker.tls_cert, worker.tls_key)
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            source, "worker.tls_cert", f"cannot load {worker.tls_cert} with its key {worker.tls_key}: {error}"
+        ) from None
 
 
 def worker_token_error(token: str | None) -> str | None:

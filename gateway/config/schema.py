@@ -231,6 +231,12 @@ class WorkerConfig:
     """The secret every dispatcher must present (at least 16 characters); GATEWAY_WORKER_TOKEN wins."""
     name: str | None = None
     """How dispatchers name this node (default: the host name)."""
+    tls_cert: Path | None = None
+    """A PEM certificate (chain) for the executor protocol: set with tls_key, dispatchers must
+    speak TLS to this worker and check the certificate against their cluster.tls_ca. Relative
+    to the config file."""
+    tls_key: Path | None = None
+    """The PEM private key of tls_cert."""
 
 
 @with_config(TABLE)
@@ -256,6 +262,9 @@ class ClusterConfig:
     """How long ``gateway serve`` waits at start for a worker to serve every model."""
     name: str | None = None
     """How the workers name this dispatcher (default: host name and process id)."""
+    tls_ca: Path | None = None
+    """PEM CA certificates: set, every worker is reached over TLS and its certificate must chain
+    to one of them and name the worker's host or address. Relative to the config file."""
 
 
 @with_config(TABLE)
