@@ -46,12 +46,13 @@ from gateway.cluster.link import RemoteExecutor
 from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, ModelTotals
 from gateway.node import build_node_executors
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
 from gateway.stats import CoreMeter, ResponseTimes
+from gateway.triton_stats import BatchTiming, ModelStatistics
 from schedulers.autoscale import ScalingSignal, scaling_signal
 from schedulers.dispatch import CPU, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
@@ -85,6 +86,8 @@ class Result:
     queue_ms: float
     compute_ms: float
     executor: str = ""  # its id: "cpu-NAME", "gpu-N", or "HOST:PORT/..." on a worker
+    timing: BatchTiming | None = None  # its batch's parts, for Triton's statistics
+    rows: int = 1  # the request's own rows (Triton's inference count)
 
 
 @dataclass
@@ -107,6 +110,7 @@ class ModelRuntime:
     gpu_profile: LatencyProfile | None = None
     devices: dict[str, int] = field(default_factory=dict)  # requests served, by device
     received: int = 0  # infer requests received; each ends in exactly one of ``outcomes``
+    statistics: ModelStatistics = field(default_factory=ModelStatistics)  # Triton's, since start
 
     def close_window(self, now: float, served: Window, demanded: float, granted: float) -> None:
         """ROMA's violation (Section 5): the mean response time of a control window over the SLA,
@@ -153,6 +157,8 @@ class Engine:
         self.config = config
         self.metrics = metrics
         self.clock = clock
+        # Triton's last_inference is wall-clock milliseconds: the engine's clock shifted once.
+        self._epoch_offset_s = time.time() - clock()
         self._socket_dir = Path(tempfile.mkdtemp(prefix="gateway-"))
         self._tasks: set[asyncio.Task[None]] = set()
         # Process executors get their cores through a cgroup (or affinity); containers through Docker.
@@ -191,9 +197,10 @@ class Engine:
             for executor in node.by_id.values():
                 self._add_executor(executor)
         self.gpu_cluster: GpuClusterWindow | None = None
+        metrics.export_totals(self.totals)
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
-        self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float]] = {}
+        self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float, BatchTiming]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._cpu_seen: dict[str, tuple[int | None, float]] = {}
@@ -404,14 +411,20 @@ class Engine:
         series.received.inc()
         series.in_flight.inc()
 
-    def record(self, runtime: ModelRuntime, outcome: str, arrival: float | None = None, device: str = "cpu") -> None:
-        """Account for a request that ended (``arrival`` given: it was served, on ``device``)."""
+    def record(self, runtime: ModelRuntime, outcome: str, arrival: float, result: Result | None = None) -> None:
+        """Account for a request received at ``arrival`` that ended (``result`` given: it was served)."""
         runtime.outcomes[outcome] = runtime.outcomes.get(outcome, 0) + 1
         series = self.metrics.for_model(runtime.name)
         series.outcome(outcome).inc()
         series.in_flight.dec()
         now = self.now
-        rt_ms = (now - arrival) * 1000 if arrival is not None else None
+        took_ns = round((now - arrival) * 1e9)
+        if result is not None and result.timing is not None:
+            runtime.statistics.succeeded(took_ns, round(result.queue_ms * 1e6), result.rows, result.timing)
+        else:
+            runtime.statistics.failed(took_ns)
+        device = result.executed_on if result is not None else "cpu"
+        rt_ms = (now - arrival) * 1000 if result is not None else None
         # Symphony's bad rate counts every request of a model the GPUs serve, wherever it ran.
         if self.gpu_cluster is not None and runtime.gpu_profile is not None:
             out_of_slo = ended_out_of_slo(outcome, rt_ms, runtime.sla_ms)
@@ -460,6 +473,20 @@ class Engine:
         assert self.gpu_cluster is not None
         now, gpus = self.now, len(self.gpu_executors)
         return scaling_signal(gpus, self.gpu_cluster.bad_rate(now), self.gpu_cluster.idle_fraction(now, gpus))
+
+    def totals(self) -> list[ModelTotals]:
+        """What each model has counted since start, for /metrics."""
+        return [
+            ModelTotals(
+                model=runtime.name,
+                core_seconds=self.core_seconds(runtime),
+                window_violations=runtime.window_violations,
+                restarts={executor.id: executor.restarts for executor in runtime.executors},
+                statistics=runtime.statistics,
+                pending=self.core.queue_length(runtime.name) if runtime.name in self.core.models else 0,
+            )
+            for runtime in self.models.values()
+        ]
 
     def core_seconds(self, runtime: ModelRuntime) -> float:
         now = self.now
@@ -563,8 +590,15 @@ class Engine:
         executor = self.executors[batch.executor]
         payloads = [r.payload for r in batch.requests]
         try:
-            outputs, compute_ms = await self._execute(executor, batch, stack_inputs(payloads))
+            began = time.perf_counter()
+            inputs = stack_inputs(payloads)
+            stacked = time.perf_counter()
+            outputs, compute_ms = await self._execute(executor, batch, inputs)
+            answered = time.perf_counter()
             parts = split_outputs(outputs, payloads)
+            timing = BatchTiming.measured(
+                batch.rows, stacked - began, answered - stacked, compute_ms, time.perf_counter() - answered
+            )
         except BatchLate as late:
             self.metrics.late_actions.labels(batch.model).inc()
             log.debug("model %s: batch of %d on %s not run: %s", batch.model, batch.rows, executor.id, late)
@@ -576,7 +610,7 @@ class Engine:
             message = f"model '{batch.model}' failed on this input: {error}"
             actions = self.core.on_batch_failed(batch, self.now, 400, "model_error", message)
         else:
-            self._outputs[batch.id] = (parts, compute_ms)
+            self._outputs[batch.id] = (parts, compute_ms, timing)
             actions = self.core.on_batch_done(batch, compute_ms, self.now)
         self._carry_out(actions)
 
@@ -602,7 +636,8 @@ class Engine:
 
     def _finish(self, action: Finish) -> None:
         batch = action.batch
-        parts, compute_ms = self._outputs.pop(batch.id)
+        parts, compute_ms, timing = self._outputs.pop(batch.id)
+        self.models[batch.model].statistics.executed(timing, round((self.now + self._epoch_offset_s) * 1000))
         series = self.metrics.for_model(batch.model)
         series.batch_size.observe(batch.rows)
         series.compute_seconds.observe(compute_ms / 1000)
@@ -612,7 +647,8 @@ class Engine:
             queue_ms = (batch.started - request.arrival) * 1000
             series.queue_seconds.observe(queue_ms / 1000)
             if request.id in live:
-                self._settle(request.id, Result(part, device, batch.rows, queue_ms, compute_ms, batch.executor))
+                result = Result(part, device, batch.rows, queue_ms, compute_ms, batch.executor, timing, request.rows)
+                self._settle(request.id, result)
 
     def describe(self, runtime: ModelRuntime) -> dict[str, Any]:
         times = runtime.times

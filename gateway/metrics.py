@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gateway.triton_stats import ModelStatistics
 from schedulers.autoscale import ScalingSignal
 
 # Latency buckets from 1 ms to 10 s: the SLAs we serve sit between tens and hundreds of ms.
@@ -38,25 +40,25 @@ class GatewayMetrics:
         self.queue_length = Gauge("gateway_queue_length", "Requests waiting in the model's queue", ["model"], registry=r)
         self.sla_seconds = Gauge("gateway_sla_seconds", "The model's response-time SLA", ["model"], registry=r)
         self.violations = Counter("gateway_sla_violations", "Requests answered after their SLA", ["model"], registry=r)
-        self.window_violations = Gauge(
-            "gateway_window_violations", "Control windows whose mean response time was over the SLA", ["model"], registry=r
-        )
         self.cores = Gauge("gateway_executor_cores", "CPU cores granted to an executor", ["model", "executor"], registry=r)
         # What the quota really gives: at least the CFS floor (0.1 core at 10 ms), whole CPUs under affinity.
         self.enforced_cores = Gauge(
             "gateway_executor_enforced_cores", "CPU cores enforced on an executor", ["model", "executor"], registry=r
         )
-        self.core_seconds = Gauge("gateway_core_seconds", "Core-seconds enforced on the model's executors", ["model"], registry=r)
         # Measured, not granted: the GPU executors' CPU too, which no quota caps and no core-seconds count.
         self.executor_cpu_seconds = Gauge(
             "gateway_executor_cpu_seconds", "CPU time used by the executor's current process", ["executor", "device"], registry=r
         )
-        self.restarts = Gauge("gateway_executor_restarts", "Times the executor was restarted", ["model", "executor"], registry=r)
         # Clockwork's late actions (Section 4.4): batches a GPU executor reached after their latest start.
         self.late_actions = Counter(
             "gateway_late_actions", "Batches an executor refused to begin after their latest start time", ["model"], registry=r
         )
         self._models: dict[str, ModelMetrics] = {}
+
+    def export_totals(self, read: Callable[[], Iterable[ModelTotals]]) -> None:
+        """Export the totals the engine keeps (core-seconds, restarts, violating windows), ``read``
+        at each scrape, as counters: they only grow."""
+        self.registry.register(TotalsCollector(read))
 
     def export_scaling_signal(self, read: Callable[[], ScalingSignal]) -> None:
         """Export Symphony's autoscaling signals of the node's GPUs, ``read`` at each scrape."""
@@ -90,6 +92,81 @@ class ModelMetrics:
         if outcome not in self._outcomes:
             self._outcomes[outcome] = self._requests.labels(self._model, outcome)
         return self._outcomes[outcome]
+
+
+@dataclass(frozen=True)
+class ModelTotals:
+    """What the engine has counted for one model since start."""
+
+    model: str
+    core_seconds: float
+    window_violations: int
+    restarts: Mapping[str, int]  # executor id -> times restarted
+    statistics: ModelStatistics
+    pending: int  # requests waiting in its queue
+
+
+class TotalsCollector:
+    def __init__(self, read: Callable[[], Iterable[ModelTotals]]):
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        core_seconds = CounterMetricFamily(
+            "gateway_core_seconds", "Core-seconds enforced on the model's executors", labels=["model"]
+        )
+        violations = CounterMetricFamily(
+            "gateway_window_violations", "Control windows whose mean response time was over the SLA", labels=["model"]
+        )
+        restarts = CounterMetricFamily(
+            "gateway_executor_restarts", "Times the executor was restarted", labels=["model", "executor"]
+        )
+        for totals in self._read():
+            core_seconds.add_metric([totals.model], totals.core_seconds)
+            violations.add_metric([totals.model], totals.window_violations)
+            for executor, count in totals.restarts.items():
+                restarts.add_metric([totals.model, executor], count)
+        yield from (core_seconds, violations, restarts)
+
+
+# Triton's per-model metrics (its metrics.md, "Inference Request Metrics"): name, type, help,
+# and what each reads off the statistics. Written as Triton writes them, without the "_total"
+# suffix that prometheus_client adds to counters, so that dashboards made for Triton find them.
+TRITON_METRICS: tuple[tuple[str, str, str, Callable[[ModelTotals], float]], ...] = (
+    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+     lambda t: t.statistics.success.count),
+    ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+     lambda t: t.statistics.fail.count),
+    ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)",
+     lambda t: t.statistics.inference_count),
+    ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)",
+     lambda t: t.statistics.execution_count),
+    ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
+     lambda t: (t.statistics.success.ns + t.statistics.fail.ns) // 1000),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
+     lambda t: t.statistics.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds",
+     lambda t: t.statistics.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds",
+     lambda t: t.statistics.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative inference compute output duration in microseconds",
+     lambda t: t.statistics.compute_output.ns // 1000),
+    ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution per-model.",
+     lambda t: t.pending),
+)  # fmt: skip
+
+
+def triton_exposition(models: Iterable[ModelTotals], version: str) -> str:
+    """Triton's metrics in the Prometheus text format, labelled as Triton labels them (model, version)."""
+    models = list(models)
+    lines = []
+    for name, kind, text, read in TRITON_METRICS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        lines += [f'{name}{{model="{_escape(t.model)}",version="{version}"}} {read(t)}' for t in models]
+    return "\n".join(lines) + "\n"
+
+
+def _escape(label: str) -> str:
+    return label.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class ScalingSignalCollector:

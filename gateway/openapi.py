@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from gateway.routes import ROUTES, SLA_MS_RANGE, Reply, Route
+from gateway.triton_stats import BATCH_STATS, INFERENCE_STATS
 
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
 
@@ -191,6 +192,45 @@ def openapi_document(version: str) -> dict[str, Any]:
             },
         },
         "ModelState": {"type": "object", "required": ["name", "sla_ms", "executors", "stats"]},
+        # Triton's statistics extension (extension_statistics.md): $stats_model_response.
+        "Duration": {
+            "type": "object",
+            "required": ["count", "ns"],
+            "properties": {"count": {"type": "integer", "minimum": 0}, "ns": {"type": "integer", "minimum": 0}},
+        },
+        "ModelStat": {
+            "type": "object",
+            "required": ["name", "version", "last_inference", "inference_count", "execution_count", "inference_stats"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "last_inference": {"type": "integer", "description": "milliseconds since the epoch; 0: never"},
+                "inference_count": {"type": "integer", "description": "rows of successful requests"},
+                "execution_count": {"type": "integer", "description": "batches run"},
+                "inference_stats": {
+                    "type": "object",
+                    "required": list(INFERENCE_STATS),
+                    "properties": {name: {"$ref": "#/components/schemas/Duration"} for name in INFERENCE_STATS},
+                },
+                "batch_stats": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["batch_size", *BATCH_STATS],
+                        "properties": {
+                            "batch_size": {"type": "integer", "minimum": 1},
+                            **{name: {"$ref": "#/components/schemas/Duration"} for name in BATCH_STATS},
+                        },
+                    },
+                },
+                "memory_usage": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        "ModelStats": {
+            "type": "object",
+            "required": ["model_stats"],
+            "properties": {"model_stats": {"type": "array", "items": {"$ref": "#/components/schemas/ModelStat"}}},
+        },
     }
     return {
         "openapi": "3.0.3",

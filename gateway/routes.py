@@ -85,6 +85,14 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
             (404,),
         ),
         Route(
+            "GET",
+            prefix + "/stats",
+            "model_stats",
+            "Triton's statistics of the model since start (read by perf_analyzer)",
+            Reply("ModelStats", "model_stats with the model's one entry"),
+            (404,),
+        ),
+        Route(
             "POST",
             prefix + "/infer",
             "infer",
@@ -110,6 +118,14 @@ ROUTES: tuple[Route, ...] = (
         "Readiness (false while starting or draining)",
         Reply("Ready", "ready"),
         others={503: Reply("Ready", "not ready")},
+    ),
+    # Before the model routes: "stats" is no model name here (aiohttp matches in order).
+    Route(
+        "GET",
+        "/v2/models/stats",
+        "all_model_stats",
+        "Triton's statistics of every model since start",
+        Reply("ModelStats", "model_stats, one entry a model"),
     ),
     *(route for prefix in MODEL_VERSION_PREFIXES for route in _model_routes(prefix)),
     # -- the gateway's own ----------------------------------------------------------------------

@@ -21,8 +21,8 @@ from executors.tensors import KSERVE_TO_TRITON_CONFIG
 from gateway import __version__
 from gateway.config import GatewayConfig
 from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
-from gateway.engine import Engine, ModelRuntime, RequestFailed
-from gateway.metrics import GatewayMetrics
+from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
+from gateway.metrics import GatewayMetrics, triton_exposition
 from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
@@ -39,6 +39,9 @@ CLOSE_GRACE_S = 0.5
 HANDLER_SHUTDOWN_S = 0.25
 # The only model version served; the protocol lets clients name it in the path.
 MODEL_VERSION = "1"
+# What /v2 lists: the binary tensor data, model configuration and statistics extensions of
+# Triton (perf_analyzer asks for statistics only where they are listed).
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -184,8 +187,20 @@ class Handlers:
     # -- KServe v2 --------------------------------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"name": SERVER_NAME, "version": __version__, "extensions": ["binary_tensor_data", "model_configuration"]}
+            {
+                "name": SERVER_NAME,
+                "version": __version__,
+                "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+            }
         )
+
+    async def model_stats(self, request: web.Request) -> web.Response:
+        runtime = self._runtime(request)
+        return web.json_response({"model_stats": [runtime.statistics.to_triton(runtime.name, MODEL_VERSION)]})
+
+    async def all_model_stats(self, request: web.Request) -> web.Response:
+        models = sorted(self.engine.models.values(), key=lambda r: r.name)
+        return web.json_response({"model_stats": [r.statistics.to_triton(r.name, MODEL_VERSION) for r in models]})
 
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -250,9 +265,9 @@ class Handlers:
         arrival = time.perf_counter()
         runtime = self._runtime(request)
         self.engine.received(runtime)
-        outcome, served_on = "internal_error", None
+        outcome, result = "internal_error", None
         try:
-            response, outcome, served_on = await self._infer(request, runtime, arrival)
+            response, outcome, result = await self._infer(request, runtime, arrival)
             return response
         except InvalidRequest:
             outcome = "invalid"
@@ -264,9 +279,11 @@ class Handlers:
             outcome = "client_gone"
             raise
         finally:
-            self.engine.record(runtime, outcome, arrival if served_on else None, served_on or "cpu")
+            self.engine.record(runtime, outcome, arrival, result)
 
-    async def _infer(self, request: web.Request, runtime: ModelRuntime, arrival: float) -> tuple[web.Response, str, str | None]:
+    async def _infer(
+        self, request: web.Request, runtime: ModelRuntime, arrival: float
+    ) -> tuple[web.Response, str, Result | None]:
         assert runtime.signature is not None
         if self.draining:
             return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
@@ -301,13 +318,13 @@ class Handlers:
             parameters,
         )
         if header_length is None:
-            return web.Response(body=payload, content_type="application/json"), "success", result.executed_on
+            return web.Response(body=payload, content_type="application/json"), "success", result
         response = web.Response(
             body=payload,
             content_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
-        return response, "success", result.executed_on
+        return response, "success", result
 
     async def _off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)``, in the codec thread when it works on more than ``LARGE_BYTES``.
@@ -409,13 +426,10 @@ class Handlers:
         return web.json_response(openapi_document(__version__))
 
     async def metrics(self, request: web.Request) -> web.Response:
-        engine, metrics = self.engine, self.engine.metrics
-        for runtime in engine.models.values():
-            metrics.core_seconds.labels(runtime.name).set(engine.core_seconds(runtime))
-            metrics.window_violations.labels(runtime.name).set(runtime.window_violations)
-            for executor in runtime.executors:
-                metrics.restarts.labels(runtime.name, executor.id).set(executor.restarts)
-        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        """The gateway's own series, then Triton's per-model ones (gateway/metrics.py)."""
+        triton = triton_exposition(self.engine.totals(), MODEL_VERSION).encode()
+        body = generate_latest(self.engine.metrics.registry) + triton
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def build_app(engine: Engine) -> web.Application:

@@ -54,7 +54,14 @@ def test_bench_open_and_closed_loop(tmp_models, tmp_path):
             assert result["statuses"] == {"200": result["requests"]}
             assert result["succeeded"] == result["requests"]
             assert result["latency_ms"]["p50"] <= result["latency_ms"]["p99"]
+            assert result["sla_ms"] == 100
             assert "req/s" in done.stdout
+            # The report beside the JSON: a PNG of two charts, as wide as drawn (1000 x 700 pixels).
+            report = out.with_suffix(".png")
+            header = report.read_bytes()[:24]
+            assert header[:8] == b"\x89PNG\r\n\x1a\n"
+            assert (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")) == (1000, 700)
+            report.unlink()
         served = gateway.admin("mlp")["stats"]["requests"]
         assert served >= 30
 

@@ -92,8 +92,8 @@ cpu = {{ cores = 0.2, min_cores = 0.1, max_cores = 1.5, threads = 1 }}
     # The accounting agrees with the series: violations per control window, core-seconds.
     assert stats["window_violations"] == sum(h["violation"] for h in history)
     assert stats["core_seconds"] == pytest.approx(sum(h["cores"] for h in history), rel=0.1)
-    assert f'gateway_window_violations{{model="busy"}} {float(stats["window_violations"])}' in metrics
-    assert 'gateway_core_seconds{model="busy"}' in metrics
+    assert f'gateway_window_violations_total{{model="busy"}} {float(stats["window_violations"])}' in metrics
+    assert 'gateway_core_seconds_total{model="busy"}' in metrics
     assert 'gateway_executor_cores{executor="cpu-busy",model="busy"}' in metrics
 
     # One entry a second from start-up; the load began within a second of the first one.

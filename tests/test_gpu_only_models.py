@@ -150,7 +150,7 @@ def test_a_gpu_only_model_is_served_on_the_gpu_and_refuses_what_cannot_finish(ga
     assert metric_value(metrics, "gateway_requests_total", model="gpu_only", outcome="success") == len(served) + 1
     assert metric_value(metrics, "gateway_requests_total", model="gpu_only", outcome="refused_deadline") == len(refused)
     assert 'gateway_executor_cores{model="gpu_only"' not in metrics
-    assert metric_value(metrics, "gateway_core_seconds", model="gpu_only") == 0
+    assert metric_value(metrics, "gateway_core_seconds_total", model="gpu_only") == 0
 
     # The model with its CPU executor serves as before.
     mlp = requests.post(f"{gateway.base}/v2/models/mlp/infer", json=BODY, timeout=10)

@@ -15,6 +15,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,13 +32,15 @@ MAX_OUTSTANDING = 20_000
 @dataclass
 class Outcome:
     latencies_ms: list[float] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)  # perf_counter time each answered request was sent (or due)
     statuses: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
 
-    def add(self, status: str, latency_ms: float) -> None:
+    def add(self, status: str, latency_ms: float, sent: float) -> None:
         self.statuses[status] = self.statuses.get(status, 0) + 1
         if status == "200":
             self.latencies_ms.append(latency_ms)
+            self.sent.append(sent)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", action="append", default=[], help="NAME=D1,D2,... for inputs with free dimensions (else 1)")
     parser.add_argument("--timeout-ms", type=float, help="each request's own timeout (the protocol's timeout parameter)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", help="write the results as JSON here")
+    parser.add_argument("--output", help="write the results as JSON here, and a report beside it (the same name, .png)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -109,7 +112,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: 
             status = str(response.status)
     except aiohttp.ClientError as error:
         status = type(error).__name__
-    outcome.add(status, (time.perf_counter() - started) * 1000)
+    outcome.add(status, (time.perf_counter() - started) * 1000, started)
 
 
 async def open_loop(session: aiohttp.ClientSession, url: str, body: bytes, times: list[float], bar: tqdm | None) -> Outcome:
@@ -206,9 +209,34 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         if bar is not None:
             bar.close()
         result = summarize(outcome, time.perf_counter() - started)
+        result["sla_ms"] = await _sla_ms(session, base, args.model)
     result["mode"] = "closed" if args.concurrency else "open"
     result["model"] = args.model
+    if args.output:
+        from gateway.tools.bench_report import write_report
+
+        load = f"{args.concurrency} clients" if args.concurrency else (args.steps or f"{args.rate:g} req/s")
+        latency = result["latency_ms"]
+        write_report(
+            Path(args.output).with_suffix(".png"),
+            args.model,
+            [t - started for t in outcome.sent],
+            outcome.latencies_ms,
+            result["sla_ms"],
+            f"gateway bench {args.model}, {result['mode']} loop ({load}): {result['throughput_rps']} req/s, "
+            f"p50 {latency['p50']} ms, p99 {latency['p99']} ms, {result['succeeded']}/{result['requests']} ok",
+        )
     return result
+
+
+async def _sla_ms(session: aiohttp.ClientSession, base: str, model: str) -> float | None:
+    """The model's SLA, from its Triton configuration's parameters (None if it does not say)."""
+    async with session.get(f"{base}/v2/models/{model}/config") as response:
+        if response.status != 200:
+            return None
+        config = await response.json()
+    value = config.get("parameters", {}).get("sla_ms", {}).get("string_value")
+    return float(value) if value is not None else None
 
 
 def run(args: argparse.Namespace) -> int:
