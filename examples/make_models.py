@@ -5,9 +5,12 @@
 - cnn_large: x[N,3,64,64] -> three wider convolutions -> global average pool -> 100 logits
 - upconv_s/m/l/xl: x[N,1,8,8] upsampled to 64x64, then 3-5 convolutions: compute-bound models
   with tiny inputs (milliseconds of CPU per request), the stand-ins of ROMA's experiment
-- ppocr_det: the PP-OCRv4 text detector shipped in the rapidocr-onnxruntime 1.4.4 wheel, read out
-  of the wheel (a zip) fetched with ``pip download --no-deps``; the package itself is never
-  installed, since it would replace onnxruntime-gpu's ``onnxruntime`` module with the CPU one.
+- ppocr_det, ppocr_cls, ppocr_rec: the PP-OCRv4 text detector, the angle classifier and the
+  PP-OCRv4 recognizer shipped in the rapidocr-onnxruntime 1.4.4 wheel, read out of the wheel (a
+  zip) fetched with ``pip download --no-deps``, and ppocr_keys.txt, the recognizer's character
+  list, read out of its metadata; the package itself is never installed, since it would replace
+  onnxruntime-gpu's ``onnxruntime`` module with the CPU one. examples/ocr.py has the steps
+  between them ([pipelines.ocr] in examples/config.toml).
 
 Weights are seeded random numbers: the zoo exists to be served and measured, not to be accurate.
 ONNX files are saved with IR version 9, the newest that onnxruntime 1.31 accepts.
@@ -29,7 +32,12 @@ HERE = Path(__file__).resolve().parent
 IR_VERSION = 9
 OPSET = 17
 OCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
-OCR_MEMBER = "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
+OCR_MEMBERS = {
+    "ppocr_det.onnx": "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+    "ppocr_cls.onnx": "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    "ppocr_rec.onnx": "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+}
+OCR_CHARACTERS = "ppocr_keys.txt"
 
 
 def _save(graph: onnx.GraphProto, path: Path) -> None:
@@ -118,8 +126,8 @@ def upconv(rng: np.random.Generator, name: str, layers: int, width: int, size: i
 UPCONV = {"upconv_s": (3, 48), "upconv_m": (3, 64), "upconv_l": (4, 64), "upconv_xl": (5, 64)}
 
 
-def fetch_ocr_detector(target: Path, cache: Path) -> None:
-    """Take the PP-OCRv4 detector out of the rapidocr-onnxruntime wheel (not installing it)."""
+def fetch_ocr_models(folder: Path, cache: Path) -> None:
+    """Take the PP-OCRv4 models and the character list out of the rapidocr-onnxruntime wheel (not installing it)."""
     cache.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
     if not wheels:
@@ -128,13 +136,17 @@ def fetch_ocr_detector(target: Path, cache: Path) -> None:
         )
         wheels = sorted(cache.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
     with zipfile.ZipFile(wheels[0]) as wheel:
-        target.write_bytes(wheel.read(OCR_MEMBER))
+        for name, member in OCR_MEMBERS.items():
+            (folder / name).write_bytes(wheel.read(member))
+    recognizer = onnx.load(str(folder / "ppocr_rec.onnx"), load_external_data=False)
+    characters = {p.key: p.value for p in recognizer.metadata_props}["character"]
+    (folder / OCR_CHARACTERS).write_text(characters, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "models")
-    parser.add_argument("--no-ocr", action="store_true", help="skip the PP-OCRv4 detector (no network needed)")
+    parser.add_argument("--no-ocr", action="store_true", help="skip the PP-OCRv4 models (no network needed)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(20201)
@@ -143,10 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     _save(cnn(rng, "cnn_large", 64, [32, 64, 128], 100), args.out / "cnn_large.onnx")
     for name, (layers, width) in UPCONV.items():
         _save(upconv(rng, name, layers, width), args.out / f"{name}.onnx")
-    if not args.no_ocr:
-        ocr = args.out / "ppocr_det.onnx"
-        if not ocr.exists():
-            fetch_ocr_detector(ocr, HERE / ".cache")
+    if not args.no_ocr and not all((args.out / name).exists() for name in [*OCR_MEMBERS, OCR_CHARACTERS]):
+        fetch_ocr_models(args.out, HERE / ".cache")
     print(f"models in {args.out}: {', '.join(sorted(p.name for p in args.out.glob('*.onnx')))}")
     return 0
 

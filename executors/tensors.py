@@ -113,6 +113,8 @@ def tensor_to_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:
     if datatype == "BYTES":
         return encode_bytes_elements(array)
     contiguous = np.ascontiguousarray(array, dtype=KSERVE_TO_NUMPY[datatype])
+    if contiguous.size == 0:
+        return b""  # a memoryview with a zero in its shape cannot be cast to bytes
     return memoryview(contiguous).cast("B")
 
 

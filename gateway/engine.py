@@ -48,6 +48,7 @@ from gateway.control import ControlLoop
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
 from gateway.metrics import GatewayMetrics, ModelTotals
 from gateway.node import build_node_executors
+from gateway.pipeline.runner import PipelineRuntime
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
@@ -186,6 +187,7 @@ class Engine:
             for name, model in config.models.items()
         }
         self.cluster: Cluster | None = None
+        self.pipelines: dict[str, PipelineRuntime] = {}  # built at start, once the models' signatures are known
         if config.cluster is not None:
             # A dispatcher: the executors are its workers', handed over as they connect.
             self.cluster = Cluster(
@@ -263,6 +265,11 @@ class Engine:
         if self.gpu_executors:
             self.gpu_cluster = GpuClusterWindow(self.now)
             self.metrics.export_scaling_signal(self.gpu_scaling_signal)
+        # Pipelines once their models' signatures are known (their steps' outputs are checked).
+        base = self.config.source.resolve().parent
+        for name, table in self.config.pipelines.items():
+            self.pipelines[name] = PipelineRuntime.build(name, table, self.models, base)
+            log.info("pipeline %s: steps %s, SLA %g ms", name, " -> ".join(self.pipelines[name].graph.order), table.sla_ms)
         await self._profile()
         if self.control is not None:
             self.control.start()

@@ -24,6 +24,7 @@ from gateway.connections import Connections, GatewayConnection, connection_cap, 
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
 from gateway.metrics import GatewayMetrics, triton_exposition
 from gateway.openapi import openapi_document
+from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
 
@@ -174,10 +175,11 @@ class Handlers:
         self.codec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-codec")
 
     def _runtime(self, request: web.Request) -> ModelRuntime:
+        """The model the path names; a pipeline is served as a model (the same fields)."""
         name = request.match_info["model"]
-        runtime = self.engine.models.get(name)
+        runtime = self.engine.models.get(name) or self.engine.pipelines.get(name)
         if runtime is None:
-            known = ", ".join(sorted(self.engine.models))
+            known = ", ".join(sorted([*self.engine.models, *self.engine.pipelines]))
             raise InvalidRequest(f"unknown model '{name}'; served models: {known}", status=404)
         version = request.match_info.get("version")
         if version is not None and version != MODEL_VERSION:
@@ -217,7 +219,7 @@ class Handlers:
             {
                 "name": runtime.name,
                 "versions": [MODEL_VERSION],
-                "platform": "onnxruntime_onnx",
+                "platform": getattr(runtime, "platform", "onnxruntime_onnx"),
                 "inputs": [t.as_json() for t in signature.inputs],
                 "outputs": [t.as_json() for t in signature.outputs],
             }
@@ -247,7 +249,7 @@ class Handlers:
 
         config: dict[str, Any] = {
             "name": runtime.name,
-            "platform": "onnxruntime_onnx",
+            "platform": getattr(runtime, "platform", "onnxruntime_onnx"),
             "backend": "onnxruntime",
             "max_batch_size": runtime.config.max_batch_size if batching else 0,
             "input": tensors(signature.inputs),
@@ -297,10 +299,17 @@ class Handlers:
             runtime.config.max_batch_size,
             self.limits,
         )
+        datatypes = runtime.datatypes
         try:
-            result = await self.engine.submit(runtime, parsed, arrival)
+            if isinstance(runtime, PipelineRuntime):
+                result = await runtime.run(self.engine, parsed, arrival)
+                datatypes = runtime.datatypes_of(result.outputs)
+            else:
+                result = await self.engine.submit(runtime, parsed, arrival)
         except RequestFailed as error:
             return error_response(error.status, str(error), error.headers), error.outcome, None
+        except StepFailed as error:
+            return error_response(error.status, str(error)), error.outcome, None
         parameters = {
             "executed_on": result.executed_on,
             "executor": result.executor,
@@ -314,7 +323,7 @@ class Handlers:
             runtime.name,
             parsed,
             result.outputs,
-            runtime.datatypes,
+            datatypes,
             parameters,
         )
         if header_length is None:

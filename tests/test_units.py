@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from executors.tensors import decode_bytes_elements, encode_bytes_elements
+from executors.tensors import KSERVE_TO_NUMPY, decode_bytes_elements, encode_bytes_elements, tensor_to_bytes
 from executors.wire import ProtocolViolation, encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
 from gateway.batching import batch_key, split_outputs, stack_inputs, take_batch
 from gateway.signature import ModelSignature
@@ -31,6 +31,13 @@ def test_frames_carry_every_datatype_unchanged():
         assert back[name].shape == array.shape
         assert back[name].tolist() == array.tolist(), name
     assert read_frame_blocking(stream) is None
+
+
+def test_an_empty_tensor_is_zero_bytes_of_any_datatype():
+    # A pipeline step that found nothing (no text in an image) answers tensors with no rows.
+    for datatype in DATATYPES:
+        empty = np.zeros((0, 4), dtype=KSERVE_TO_NUMPY[datatype])
+        assert bytes(tensor_to_bytes(empty, datatype)) == b"", datatype
 
 
 def test_truncated_frame_is_a_protocol_violation():

@@ -38,6 +38,7 @@ from gateway.config.schema import (
     ModelConfig,
     ModelTable,
     NodeConfig,
+    PipelineTable,
     PlantConfig,
     ServerConfig,
     WorkerConfig,
@@ -130,7 +131,43 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         models=models,
         worker=worker,
         cluster=cluster,
+        pipelines=_check_pipelines(source, file.pipelines, models, base),
     )
+
+
+def _check_pipelines(
+    source: Path, pipelines: dict[str, PipelineTable], models: dict[str, ModelConfig], base: Path
+) -> dict[str, PipelineTable]:
+    """Each pipeline's DAG against the models it runs (their outputs read from their ONNX files)
+    and the functions it calls; a pipeline's name is a model's name to clients, so it must be free."""
+    if not pipelines:
+        return pipelines
+    import onnx
+
+    from gateway.pipeline.functions import load_function
+    from gateway.pipeline.graph import PipelineError, PipelineGraph
+
+    outputs = {}
+    for name, model in models.items():
+        if any(name == step.model for table in pipelines.values() for step in table.steps):
+            outputs[name] = [o.name for o in onnx.load(str(model.path), load_external_data=False).graph.output]
+        else:
+            outputs[name] = []
+    for name, table in pipelines.items():
+        key = f"pipelines.{name}"
+        if name in models:
+            raise ConfigError(source, key, f"'{name}' is a model's name too; a pipeline is served as a model of its own name")
+        try:
+            PipelineGraph.build(name, table, outputs)
+        except PipelineError as error:
+            raise ConfigError(source, key, str(error)) from None
+        for i, step in enumerate(table.steps):
+            if step.function is not None:
+                try:
+                    load_function(step.function, base)
+                except ValueError as error:
+                    raise ConfigError(source, f"{key}.steps[{i}].function", str(error)) from None
+    return pipelines
 
 
 def _check_cluster(source: Path, cluster: ClusterConfig) -> None:

@@ -368,6 +368,69 @@ class ModelConfig:
         return (self.hang_timeout_ms or max(MIN_HANG_TIMEOUT_MS, HANG_TIMEOUT_SLAS * self.sla_ms)) / 1000
 
 
+STEP_NAME_PATTERN = r"^[A-Za-z_][\w-]*$"
+StepName = Annotated[str, Field(pattern=STEP_NAME_PATTERN)]
+# A tensor of a pipeline: "request/NAME" (the pipeline's input NAME) or "STEP/NAME" (the output
+# NAME of step STEP); tensor names may themselves hold '/', so the step is what precedes the first.
+TensorSource = Annotated[str, Field(pattern=r"^[A-Za-z_][\w-]*/.+$")]
+PIPELINE_INPUT = "request"
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class PipelineTensor:
+    """A tensor the pipeline takes or gives, as a model's metadata declares it."""
+
+    name: str
+    datatype: Literal[
+        "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"
+    ]
+    shape: tuple[int, ...]
+    """Its dimensions, -1 where free."""
+    source: TensorSource | None = None
+    """For an output: the step's tensor it is ("STEP/NAME")."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class PipelineStep:
+    """One step of a pipeline: a served model, or a Python function of numpy arrays."""
+
+    name: StepName
+    inputs: dict[str, TensorSource]
+    """The step's input name -> where it comes from: "request/NAME" or "STEP/NAME"."""
+    model: ModelName | None = None
+    """A model of [models]: the step runs through its queue and schedulers like any request."""
+    function: str | None = None
+    """"FILE.py:NAME": a function taking and returning a dict of numpy arrays (FILE relative to the
+    config file); it runs in the gateway's process, off the event loop."""
+    outputs: tuple[str, ...] = ()
+    """A function's outputs (a model's come from the model)."""
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class PipelinePath:
+    """An SLA for one path of the DAG (FA2 Section IV): its steps in order."""
+
+    steps: tuple[StepName, ...]
+    sla_ms: PositiveFloat
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class PipelineTable:
+    """[pipelines.NAME]: a DAG of steps served as one model over KServe v2 (Harpagon, FA2)."""
+
+    sla_ms: PositiveFloat
+    """The end-to-end response-time target."""
+    inputs: Annotated[tuple[PipelineTensor, ...], Field(min_length=1)]
+    outputs: Annotated[tuple[PipelineTensor, ...], Field(min_length=1)]
+    steps: Annotated[tuple[PipelineStep, ...], Field(min_length=1)]
+    paths: tuple[PipelinePath, ...] = ()
+    """Per-path SLAs where the DAG has several paths (default: every path has sla_ms)."""
+
+
 @with_config(TABLE)
 @dataclass(frozen=True, kw_only=True)
 class ConfigFile:
@@ -383,6 +446,8 @@ class ConfigFile:
     cluster: ClusterConfig | None = None
     models: Annotated[dict[ModelName, ModelTable], Field(min_length=1)]
     """At least one model, as a [models.NAME] table; NAME holds letters, digits, '_', '-' and '.'."""
+    pipelines: dict[ModelName, PipelineTable] = field(default_factory=dict)
+    """Pipelines of the models, each served as a model of its own name."""
 
 
 @dataclass(frozen=True)
@@ -399,6 +464,7 @@ class GatewayConfig:
     models: dict[str, ModelConfig] = field(default_factory=dict)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     cluster: ClusterConfig | None = None
+    pipelines: dict[str, PipelineTable] = field(default_factory=dict)
 
 
 def default_threads(cores: float, max_cores: float) -> int:

@@ -1,0 +1,208 @@
+"""A pipeline served as one model: its steps run in the order of their DAG, each wave of
+independent steps at once. A model step goes through its model's queue, admission and
+schedulers like any request of that model (its latency budget is that model's SLA, which
+``gateway plan`` sets); a function step runs off the event loop. Every step's tensors are kept,
+so a client may ask for them (``"parameters": {"pipeline_steps": true}``), to check each step
+against running it by hand.
+
+A request ends with the pipeline's outputs or with the first step's error, named: a step's
+refusal keeps its status (429, 503, 504...), a function that rejects its input with ValueError
+answers 400, and anything else a step does wrong 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from executors.tensors import KSERVE_TO_NUMPY
+from gateway.config.schema import PIPELINE_INPUT, PipelineStep, PipelineTable
+from gateway.pipeline.functions import StepFunction, load_function
+from gateway.pipeline.graph import PipelineGraph
+from gateway.protocol import InferRequest, RequestedOutput
+from gateway.signature import ModelSignature, TensorSpec
+from gateway.stats import ResponseTimes
+from gateway.triton_stats import BatchTiming, ModelStatistics
+from supervisor.node import Window
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine, ModelRuntime, Result
+
+NUMPY_TO_KSERVE = {dtype: name for name, dtype in KSERVE_TO_NUMPY.items()}
+
+
+@dataclass(frozen=True)
+class PipelineSignature(ModelSignature):
+    """A pipeline's inputs and outputs: one request at a time, so no dimension is a batch's."""
+
+    @property
+    def batchable(self) -> bool:
+        return False
+
+
+class StepFailed(RuntimeError):
+    """A step could not give its outputs; ``status`` and ``outcome`` as the engine's RequestFailed."""
+
+    def __init__(self, message: str, status: int, outcome: str):
+        super().__init__(message)
+        self.status, self.outcome = status, outcome
+
+
+@dataclass(frozen=True)
+class _NoBatching:
+    """What the server reads of a model's config: a pipeline takes one request at a time."""
+
+    max_batch_size: int = 0
+
+
+@dataclass
+class PipelineRuntime:
+    """A pipeline as the server and the engine's accounting see a model (the same fields)."""
+
+    name: str
+    graph: PipelineGraph
+    functions: dict[str, StepFunction]
+    signature: ModelSignature
+    sla_ms: float
+    config: _NoBatching = field(default_factory=_NoBatching)
+    times: ResponseTimes = field(default_factory=ResponseTimes)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    statistics: ModelStatistics = field(default_factory=ModelStatistics)
+    window: Window = field(default_factory=Window)
+    devices: dict[str, int] = field(default_factory=dict)
+    received: int = 0
+    gpu_profile: None = None  # no GPU batches of its own: its steps' models have theirs
+    platform: str = "ensemble"  # what Triton calls a model made of models
+    ready_check: Callable[[], bool] = lambda: True
+
+    @classmethod
+    def build(cls, name: str, table: PipelineTable, models: dict[str, ModelRuntime], base: Path) -> PipelineRuntime:
+        """Once the models have their signatures (the engine has started)."""
+        outputs = {m: [t.name for t in r.signature.outputs] for m, r in models.items() if r.signature is not None}
+        graph = PipelineGraph.build(name, table, outputs)
+        functions = {s.name: load_function(s.function, base) for s in table.steps if s.function is not None}
+        signature = PipelineSignature(
+            tuple(TensorSpec(t.name, t.datatype, t.shape) for t in table.inputs),
+            tuple(TensorSpec(t.name, t.datatype, t.shape) for t in table.outputs),
+        )
+        used = [models[s.model] for s in table.steps if s.model is not None]
+        return cls(name, graph, functions, signature, table.sla_ms, ready_check=lambda: all(m.ready for m in used))
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_check()
+
+    @property
+    def datatypes(self) -> dict[str, str]:
+        return {t.name: t.datatype for t in self.signature.outputs}
+
+    async def run(self, engine: Engine, request: InferRequest, arrival: float) -> Result:
+        """Every step, in waves; the pipeline's outputs (and, when asked, every step's tensors)."""
+        from gateway.engine import Result
+
+        tensors: dict[str, np.ndarray] = {f"{PIPELINE_INPUT}/{k}": v for k, v in request.inputs.items()}
+        steps = {s.name: s for s in self.graph.table.steps}
+        for wave in self.graph.levels():
+            results = await asyncio.gather(*(self._step(engine, steps[name], tensors) for name in wave))
+            for name, outputs in zip(wave, results, strict=True):
+                tensors.update({f"{name}/{k}": v for k, v in outputs.items()})
+        outputs = {t.name: tensors[t.source] for t in self.graph.table.outputs if t.source is not None}
+        for t in self.signature.outputs:
+            outputs[t.name] = _as_datatype(outputs[t.name], t.datatype, f"output '{t.name}'")
+        if request.parameters.get("pipeline_steps") is True:
+            binary = request.parameters.get("binary_data_output") is True
+            for key, array in tensors.items():
+                if not key.startswith(f"{PIPELINE_INPUT}/"):
+                    outputs[key] = array
+                    request.outputs.append(RequestedOutput(key, binary))
+        took_ms = (engine.now - arrival) * 1000
+        return Result(outputs, "pipeline", 1, 0.0, took_ms, self.name, BatchTiming(1, 0, round(took_ms * 1e6), 0))
+
+    def datatypes_of(self, outputs: dict[str, np.ndarray]) -> dict[str, str]:
+        """The datatype of each output to send, the declared ones and the steps' own."""
+        return {**{k: NUMPY_TO_KSERVE.get(v.dtype, "BYTES") for k, v in outputs.items()}, **self.datatypes}
+
+    async def _step(self, engine: Engine, step: PipelineStep, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = {name: tensors[source] for name, source in step.inputs.items()}
+        if step.model is not None:
+            return await self._model_step(engine, step, arrays)
+        function = self.functions[step.name]
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(None, function, arrays)
+        except ValueError as error:
+            raise StepFailed(f"pipeline '{self.name}', step '{step.name}' refused the input: {error}", 400, "invalid") from None
+        except Exception as error:
+            raise StepFailed(
+                f"pipeline '{self.name}', step '{step.name}' failed: {type(error).__name__}: {error}", 500, "internal_error"
+            ) from None
+        missing = [o for o in step.outputs if not isinstance(outputs, dict) or not isinstance(outputs.get(o), np.ndarray)]
+        if missing:
+            raise StepFailed(
+                f"pipeline '{self.name}', step '{step.name}' gave no array for {', '.join(missing)}", 500, "internal_error"
+            )
+        return {o: outputs[o] for o in step.outputs}
+
+    async def _model_step(self, engine: Engine, step: PipelineStep, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from gateway.engine import RequestFailed
+
+        assert step.model is not None
+        runtime = engine.models[step.model]
+        signature = runtime.signature
+        assert signature is not None
+        where = f"pipeline '{self.name}', step '{step.name}' (model '{step.model}')"
+        for spec in signature.inputs:
+            if spec.name not in arrays:
+                raise StepFailed(f"{where}: the model's input '{spec.name}' is fed nothing", 500, "internal_error")
+            arrays[spec.name] = _as_datatype(arrays[spec.name], spec.datatype, f"{where}, input '{spec.name}'")
+        rows = next(iter(arrays.values())).shape[0] if signature.batchable else 1
+        if signature.batchable and rows == 0:
+            # Nothing to run (no text found, say): empty outputs, as the model would give.
+            return {
+                t.name: np.zeros((0, *(max(d, 0) for d in t.shape[1:])), KSERVE_TO_NUMPY[t.datatype]) for t in signature.outputs
+            }
+        # A step's rows beyond the model's largest batch go as several requests, served at once.
+        limit = runtime.config.max_batch_size
+        chunks = [arrays]
+        if signature.batchable:
+            chunks = [{k: v[i : i + limit] for k, v in arrays.items()} for i in range(0, rows, limit)]
+
+        async def one(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            request = InferRequest(
+                None,
+                chunk,
+                [RequestedOutput(t.name, True) for t in signature.outputs],
+                next(iter(chunk.values())).shape[0] if signature.batchable else 1,
+            )
+            engine.received(runtime)
+            arrival, result, outcome = time.perf_counter(), None, "internal_error"
+            try:
+                result = await engine.submit(runtime, request, arrival)
+                outcome = "success"
+                return result.outputs
+            except RequestFailed as error:
+                outcome = error.outcome
+                raise StepFailed(f"{where}: {error}", error.status, error.outcome) from None
+            finally:
+                engine.record(runtime, outcome, arrival, result)
+
+        parts = await asyncio.gather(*(one(c) for c in chunks))
+        return {t.name: np.concatenate([p[t.name] for p in parts]) for t in signature.outputs}
+
+
+def _as_datatype(array: Any, datatype: str, where: str) -> np.ndarray:
+    """The array in the datatype declared for it; a float64 where FP32 is declared is converted
+    (numpy's default), anything else that differs is the pipeline's mistake."""
+    if not isinstance(array, np.ndarray):
+        raise StepFailed(f"{where}: not an array ({type(array).__name__})", 500, "internal_error")
+    wanted = KSERVE_TO_NUMPY[datatype]
+    if array.dtype == wanted or (datatype == "BYTES" and array.dtype.kind in "OSU"):
+        return array
+    if array.dtype.kind == wanted.kind == "f" or (array.dtype.kind in "iu" and wanted.kind in "iu"):
+        return array.astype(wanted)
+    raise StepFailed(f"{where}: {array.dtype} where {datatype} is declared", 500, "internal_error")

@@ -1,0 +1,109 @@
+"""A pipeline's DAG, pure: its checks name the step and tensor at fault; its order, waves and paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import TypeAdapter
+
+from gateway.config import ConfigError, load_config
+from gateway.config.schema import PipelineTable
+from gateway.pipeline.graph import PipelineError, PipelineGraph
+
+MODELS = {"det": ["prob"], "cls": ["angle"], "rec": ["chars"], "emb": ["vector"]}
+
+
+def table(steps: list[dict], outputs: list[dict] | None = None, paths: list[dict] | None = None) -> PipelineTable:
+    raw = {
+        "sla_ms": 100,
+        "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]}],
+        "outputs": outputs or [{"name": "out", "datatype": "FP32", "shape": [-1], "source": f"{steps[-1]['name']}/chars"}],
+        "steps": steps,
+        "paths": paths or [],
+    }
+    return TypeAdapter(PipelineTable).validate_json(json.dumps(raw), strict=True)  # as the loader reads TOML
+
+
+def model_step(name: str, model: str, source: str) -> dict:
+    return {"name": name, "model": model, "inputs": {"x": source}}
+
+
+CHAIN = [
+    {"name": "prep", "function": "f.py:prep", "inputs": {"image": "request/image"}, "outputs": ["x"]},
+    {"name": "a", "model": "det", "inputs": {"x": "prep/x"}},
+    {"name": "b", "model": "cls", "inputs": {"x": "a/prob"}},
+    {"name": "c", "model": "rec", "inputs": {"x": "b/angle", "y": "a/prob"}},
+]
+
+
+def test_a_chain_is_ordered_and_waved_by_what_each_step_reads():
+    graph = PipelineGraph.build("p", table(CHAIN), MODELS)
+    assert graph.order == ("prep", "a", "b", "c")
+    assert graph.levels() == [["prep"], ["a"], ["b"], ["c"]]
+    assert graph.needs["c"] == {"a", "b"}
+    # Two paths end at c: through b, and straight from a; both carry the pipeline's SLA.
+    assert graph.paths() == [(("prep", "a", "b", "c"), 100), (("prep", "a", "c"), 100)]
+
+
+def test_independent_steps_share_a_wave_and_paths_carry_their_own_slas():
+    steps = [
+        {"name": "prep", "function": "f.py:prep", "inputs": {"image": "request/image"}, "outputs": ["x"]},
+        {"name": "text", "model": "rec", "inputs": {"x": "prep/x"}},
+        {"name": "vector", "model": "emb", "inputs": {"x": "prep/x"}},
+    ]
+    outputs = [
+        {"name": "t", "datatype": "FP32", "shape": [-1], "source": "text/chars"},
+        {"name": "v", "datatype": "FP32", "shape": [-1], "source": "vector/vector"},
+    ]
+    graph = PipelineGraph.build("p", table(steps, outputs, [{"steps": ["prep", "vector"], "sla_ms": 40}]), MODELS)
+    assert graph.levels() == [["prep"], ["text", "vector"]]
+    assert graph.paths() == [(("prep", "text"), 100), (("prep", "vector"), 40)]
+
+
+@pytest.mark.parametrize(
+    "steps, words",
+    [
+        ([*CHAIN, CHAIN[1]], "step 'a' is defined twice"),
+        ([model_step("a", "nope", "request/image")], "no model 'nope'"),
+        ([model_step("a", "det", "request/photo")], "no input 'photo'"),
+        ([model_step("a", "det", "b/prob")], "no step 'b'"),
+        ([model_step("a", "det", "request/image"), model_step("b", "rec", "a/oops")], "step 'a' gives no 'oops'"),
+        ([model_step("a", "det", "b/chars"), model_step("b", "rec", "a/prob")], "in a cycle"),
+        ([{"name": "a", "function": "f.py:g", "inputs": {"x": "request/image"}}], "must list its outputs"),
+        ([{**model_step("a", "det", "request/image"), "function": "f.py:g"}], "exactly one of model and function"),
+        ([model_step("request", "det", "request/image")], "names the pipeline's inputs"),
+    ],
+)  # fmt: skip
+def test_each_mistake_names_its_step_and_tensor(steps, words):
+    outputs = [{"name": "out", "datatype": "FP32", "shape": [-1], "source": f"{steps[0]['name']}/prob"}]
+    with pytest.raises(PipelineError, match=words):
+        PipelineGraph.build("p", table(steps, outputs), MODELS)
+
+
+def test_a_path_must_follow_the_edges():
+    with pytest.raises(PipelineError, match="'b' does not read from 'prep'"):
+        PipelineGraph.build("p", table(CHAIN, paths=[{"steps": ["prep", "b"], "sla_ms": 10}]), MODELS)
+
+
+def test_the_config_loader_checks_a_pipeline_against_its_models_and_functions(tmp_models):
+    (tmp_models / "steps.py").write_text("def twice(inputs):\n    return {'x': inputs['x'] * 2}\n")
+    head = "[models.mlp]\npath = 'mlp.onnx'\nsla_ms = 50\n[pipelines.p]\nsla_ms = 100\n"
+    head += "inputs = [{ name = 'x', datatype = 'FP32', shape = [-1, 512] }]\n"
+    good = head + (
+        "outputs = [{ name = 'y', datatype = 'FP32', shape = [-1, 512], source = 'm/y' }]\n"
+        "steps = [{ name = 'd', function = 'steps.py:twice', inputs = { x = 'request/x' }, outputs = ['x'] },\n"
+        "         { name = 'm', model = 'mlp', inputs = { x = 'd/x' } }]\n"
+    )
+    path = tmp_models / "config.toml"
+    path.write_text(good)
+    assert list(load_config(path).pipelines) == ["p"]
+    path.write_text(good.replace("source = 'm/y'", "source = 'm/z'"))
+    with pytest.raises(ConfigError, match="pipelines.p: output 'y': step 'm' gives no 'z' \\(it gives: y\\)"):
+        load_config(path)
+    path.write_text(good.replace("steps.py:twice", "steps.py:thrice"))
+    with pytest.raises(ConfigError, match=r"pipelines.p.steps\[0\].function: .*has no function 'thrice'"):
+        load_config(path)
+    path.write_text(good.replace("[pipelines.p]", "[pipelines.mlp]"))
+    with pytest.raises(ConfigError, match="a model's name too"):
+        load_config(path)
