@@ -350,6 +350,7 @@ class Engine:
                 drop_late=runtime.config.drop_late,
                 cpu_profile=runtime.cpu_profile,
                 gpu_profile=runtime.gpu_profile,
+                dispatch_batch=runtime.config.dispatch_batch,
             )
         for executor in self.gpu_executors:
             log.info(

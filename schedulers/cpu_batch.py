@@ -58,3 +58,27 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
     while rows > 1 and profile.latency_ms(rows) > slack_ms:
         rows -= 1
     return rows
+
+
+def planned_batch_rows(profile: LatencyProfile | None, available_rows: int, planned: int, max_batch: int, slack_ms: float) -> int:
+    """The rows of a CPU batch where a plan fixed the batch size (Harpagon Section III-A,
+    batch-aware dispatch): the planned size, or what is queued when the head cannot wait for
+    more, never past what the head's deadline allows (l(b) <= ``slack_ms``), at least 1."""
+    rows = max(1, min(available_rows, planned, max_batch))
+    while profile is not None and rows > 1 and profile.latency_ms(rows) > slack_ms:
+        rows -= 1
+    return rows
+
+
+def dispatch_due(profile: LatencyProfile | None, queued_rows: int, planned: int, head_deadline: float) -> float:
+    """When a free CPU executor takes a batch under batch-aware dispatch (Harpagon Section
+    III-A: a batch leaves when it holds the planned b requests, not at the first free executor,
+    so that every request's worst case is d(b) + b/T rather than 2 d(b)).
+
+    At once (-inf) when ``planned`` rows are queued or no plan holds it (``planned`` <= 1);
+    otherwise at the head request's latest start for a full batch, deadline - l(planned)
+    (Symphony's sched_at rule, Section 4.3, on a CPU): waiting longer would make it late. Without
+    a profile there is no l(b) to wait by, so at once."""
+    if planned <= 1 or queued_rows >= planned or profile is None:
+        return -math.inf
+    return head_deadline - profile.latency_ms(planned) / 1000

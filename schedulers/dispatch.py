@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from schedulers.admission import admissible
-from schedulers.cpu_batch import cpu_batch_rows
+from schedulers.cpu_batch import cpu_batch_rows, dispatch_due, planned_batch_rows
 from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
 from schedulers.profiles import LatencyProfile
 from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
@@ -112,6 +112,7 @@ class ModelState:
     cpu_executors: list[ExecutorState] = field(default_factory=list)
     on_gpus: bool = False  # the GPU scheduler serves it
     watched: Request | None = None  # the head whose refusal time is in the core's heap
+    dispatch_batch: int = 1  # a planned CPU batch size: > 1, Harpagon's batch-aware dispatch (cpu_batch.py)
 
 
 @dataclass
@@ -150,6 +151,7 @@ class DispatchCore:
         self._refusals: list[tuple[float, int, Request]] = []
         self._touched: dict[str, ModelState] = {}  # models whose queues changed since the last pump
         self._deferral_at = math.inf  # the GPU scheduler's WaitUntil
+        self._cpu_hold_at = math.inf  # the earliest a CPU batch held for its planned size is due
         self._wake_asked = math.inf  # the earliest WakeAt handed out and not yet fired
         self._batch_ids = itertools.count(1)
 
@@ -164,8 +166,10 @@ class DispatchCore:
         drop_late: bool = False,
         cpu_profile: LatencyProfile | None = None,
         gpu_profile: LatencyProfile | None = None,
+        dispatch_batch: int = 1,
     ) -> None:
         state = ModelState(name, sla_ms, max_batch, max_queue_size, drop_late, cpu_profile, gpu_profile)
+        state.dispatch_batch = dispatch_batch
         state.cpu_executors = [e for e in self.executors.values() if e.model == name]
         self.models[name] = state
         if state.cpu_executors:
@@ -362,7 +366,7 @@ class DispatchCore:
             self._pump_cpus(now, actions)
         if self._touched:
             self._watch_heads()
-        wake = min(self._deferral_at, self._next_timeout(), self._next_refusal())
+        wake = min(self._deferral_at, self._cpu_hold_at, self._next_timeout(), self._next_refusal())
         if wake < self._wake_asked:
             self._wake_asked = wake
             actions.append(WakeAt(wake))
@@ -532,8 +536,13 @@ class DispatchCore:
     def _pump_cpus(self, now: float, actions: list[Action]) -> None:
         waiting: dict[str, int] = {}
         free: dict[str, list[str]] = {}
+        self._cpu_hold_at = math.inf
         for state in self._cpu_models:
             if not state.queue:
+                continue
+            due = dispatch_due(state.cpu_profile, state.queue.rows, state.dispatch_batch, state.queue[0].deadline)
+            if due > now:
+                self._cpu_hold_at = min(self._cpu_hold_at, due)  # held for its planned batch
                 continue
             idle = [e.id for e in state.cpu_executors if e.ready and e.batch is None]
             if idle and (share := self._cpu_share(state, now)):
@@ -548,7 +557,10 @@ class DispatchCore:
             # Rows only where they amortize the CPU's fixed cost, within the head's deadline (schedulers/cpu_batch.py).
             available = sum(r.rows for r in itertools.islice(state.queue, share))
             slack_ms = (state.queue[0].deadline - now) * 1000
-            limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms)
+            if state.dispatch_batch > 1:
+                limit = planned_batch_rows(state.cpu_profile, available, state.dispatch_batch, state.max_batch, slack_ms)
+            else:
+                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms)
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)
 

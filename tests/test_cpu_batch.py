@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, cpu_batch_rows
-from schedulers.dispatch import CPU, DispatchCore, Start
+from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, cpu_batch_rows, dispatch_due, planned_batch_rows
+from schedulers.dispatch import CPU, DispatchCore, Start, WakeAt
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
 from schedulers.round_robin import RandomRoundRobin
@@ -84,3 +84,56 @@ def test_the_core_reads_the_slack_from_the_heads_deadline_at_dispatch_time():
     # Amortizes up to 20 rows, but the head (SLA 10 ms) has 6 ms left at t = 4 ms: l(5) = 6.
     start = queue_of_eight(LatencyProfile(1.0, 1.0), sla_ms=10.0, ready_at=0.004)
     assert start.batch.rows == 5
+
+
+# -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------
+def planned_core(planned: int, sla_ms: float = 100.0) -> DispatchCore:
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
+    core.add_executor("cpu-m", CPU, "m")
+    # l(b) = 2 b + 10 ms: a plan of 4 rows takes 18 ms.
+    core.add_model(
+        "m", sla_ms=sla_ms, max_batch=8, max_queue_size=100, cpu_profile=LatencyProfile(2.0, 10.0), dispatch_batch=planned
+    )
+    core.set_executor_ready("cpu-m", True, 0.0)
+    return core
+
+
+def starts(actions) -> list[Start]:
+    return [a for a in actions if isinstance(a, Start)]
+
+
+def test_a_planned_batch_waits_for_its_size_then_leaves_whole():
+    core = planned_core(planned=4)
+    actions = []
+    for i in range(3):
+        actions += core.on_arrival(Request(i, "m", i * 0.001), i * 0.001)
+        assert not starts(actions), "a free executor took a batch short of its plan"
+    # The wake-up asked for is the head's latest start for a full batch: 0.1 - 0.018 s.
+    assert min(a.time for a in actions if isinstance(a, WakeAt)) == pytest.approx(0.082)
+    (start,) = starts(core.on_arrival(Request(3, "m", 0.003), 0.003))
+    assert [r.id for r in start.batch.requests] == [0, 1, 2, 3]
+
+
+def test_a_planned_batch_leaves_short_when_the_head_can_wait_no_longer():
+    core = planned_core(planned=4)
+    core.on_arrival(Request(0, "m", 0.0), 0.0)
+    core.on_arrival(Request(1, "m", 0.010), 0.010)
+    assert not starts(core.on_timer(0.081))
+    (start,) = starts(core.on_timer(0.082))
+    assert [r.id for r in start.batch.requests] == [0, 1]
+
+
+def test_without_a_plan_a_free_executor_takes_the_head_at_once():
+    core = planned_core(planned=1)
+    (start,) = starts(core.on_arrival(Request(0, "m", 0.0), 0.0))
+    assert [r.id for r in start.batch.requests] == [0]
+
+
+def test_planned_rows_and_due_time_pure():
+    profile = LatencyProfile(2.0, 10.0)
+    assert planned_batch_rows(profile, available_rows=6, planned=4, max_batch=8, slack_ms=100) == 4
+    assert planned_batch_rows(profile, available_rows=2, planned=4, max_batch=8, slack_ms=100) == 2
+    assert planned_batch_rows(profile, available_rows=6, planned=4, max_batch=8, slack_ms=15) == 2  # l(2) = 14 fits
+    assert dispatch_due(profile, queued_rows=4, planned=4, head_deadline=1.0) == -math.inf
+    assert dispatch_due(profile, queued_rows=1, planned=4, head_deadline=1.0) == pytest.approx(0.982)
+    assert dispatch_due(None, queued_rows=1, planned=4, head_deadline=1.0) == -math.inf

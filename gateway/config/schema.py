@@ -339,6 +339,10 @@ class ModelTable:
     replicas: PositiveInt | None = None
     """With [cluster]: how many workers run the model's CPU executor (default: every worker);
     the admin API changes it at run time."""
+    dispatch_batch: PositiveInt = 1
+    """A planned CPU batch size (Harpagon's batch-aware dispatch): a free CPU executor waits until
+    this many rows are queued, or until the head request must start to meet its SLA; 1: at once.
+    ``gateway plan --apply`` sets it."""
 
 
 @dataclass(frozen=True)
@@ -358,6 +362,7 @@ class ModelConfig:
     sla_measure: str = "mean"
     sla_percentile: float = 99.0
     replicas: int | None = None
+    dispatch_batch: int = 1
 
     @property
     def measure(self) -> SlaMeasure:

@@ -79,6 +79,7 @@ class SimModel:
     cpu_cores: float = 1.0
     drop_late: bool = True
     max_queue_size: int = 1 << 30
+    dispatch_batch: int = 1  # a planned CPU batch size (batch-aware dispatch)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class Simulation:
                 max_batch=model.max_batch,
                 max_queue_size=model.max_queue_size,
                 drop_late=model.drop_late,
+                dispatch_batch=model.dispatch_batch,
                 cpu_profile=LatencyProfile(*linear_ms_pair(model.cpu, model.cpu_cores)) if model.cpu else None,
                 gpu_profile=LatencyProfile(*model.gpu) if model.gpu and gpus else None,
             )
@@ -403,6 +405,7 @@ def simulate_config(
                 cpu_cores=model.cpu.cores if model.cpu is not None else 1.0,
                 drop_late=model.drop_late,
                 max_queue_size=model.max_queue_size,
+                dispatch_batch=model.dispatch_batch,
             )
         )
     if config.node.gpus and config.gpu.executor != "emulated":
