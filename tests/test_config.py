@@ -114,8 +114,8 @@ def test_every_problem_of_a_file_is_named_at_once(tmp_models):
         f"{path}: server.host: must be a string, got int 3",
         f"{path}: server.port: must be 0-65535, got 70000",
         f"{path}: models.m.sla_ms: must be a number, got str 'x'",
-        f"{path}: models.m.max_batch: unknown key (known: cpu, cpu_executor, drop_late, gpu_profile, hang_timeout_ms, "
-        "max_batch_size, max_queue_size, path, plant, replicas, sla_measure, sla_ms, sla_percentile)",
+        f"{path}: models.m.max_batch: unknown key (known: cpu, cpu_executor, dispatch_batch, drop_late, gpu_profile, "
+        "hang_timeout_ms, max_batch_size, max_queue_size, path, plant, replicas, sla_measure, sla_ms, sla_percentile)",
     ]
     assert caught.value.key == "server.host"
 
@@ -149,7 +149,9 @@ def test_config_schema_command_describes_the_file(tmp_models):
     assert done.returncode == 0, done.stderr
     schema = json.loads(done.stdout)
     assert schema["$schema"].endswith("2020-12/schema") and schema["required"] == ["models"]
-    assert {"server", "node", "gpu", "docker", "policy", "control", "worker", "cluster", "models"} == set(schema["properties"])
+    assert {"server", "node", "gpu", "docker", "policy", "control", "worker", "cluster", "models", "pipelines"} == set(
+        schema["properties"]
+    )
     sla = schema["$defs"]["ModelTable"]["properties"]["sla_ms"]
     assert sla["exclusiveMinimum"] == 0 and "SLA" in sla["description"]
     validator = jsonschema_rs.validator_for(schema)
