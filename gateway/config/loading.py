@@ -40,6 +40,7 @@ from gateway.config.schema import (
     NodeConfig,
     PlantConfig,
     ServerConfig,
+    TracingConfig,
     WorkerConfig,
     default_threads,
 )
@@ -119,6 +120,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             tls_ca=base / cluster.tls_ca if cluster.tls_ca else None,
         )
         _check_cluster(source, cluster)
+    _check_tracing(source, file.tracing)
     return GatewayConfig(
         source=source,
         server=server,
@@ -130,7 +132,23 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         models=models,
         worker=worker,
         cluster=cluster,
+        tracing=file.tracing,
     )
+
+
+def _check_tracing(source: Path, tracing: TracingConfig) -> None:
+    """Tracing is an optional extra: switched on without it, the gateway says so before it starts."""
+    if not tracing.enabled:
+        return
+    from gateway.tracing import missing_packages
+
+    missing = missing_packages()
+    if missing:
+        raise ConfigError(
+            source,
+            "tracing.enabled",
+            f"true needs the tracing extra, and {', '.join(missing)} cannot be imported: pip install 'sla-gateway[tracing]'",
+        )
 
 
 def _check_cluster(source: Path, cluster: ClusterConfig) -> None:
