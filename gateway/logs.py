@@ -3,7 +3,8 @@
 ``gateway serve`` and ``gateway worker`` take ``--log-format text|json``. In JSON every record
 is one object, ``{"time", "level", "logger", "message", ...}``, with the record's structured
 fields beside them and a traceback, if any, as ``exception``; no record spans two lines. In text
-the same fields follow the message as ``key=value``.
+the same fields follow the message as ``key=value`` (logfmt: a value with a space or a quote is
+quoted).
 
 Two loggers carry one line per request: ``gateway.request`` (INFO), one per infer request with
 its model, id, status, outcome, where it ran and its times (gateway/observe.py), and
@@ -26,7 +27,6 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 REQUEST_LOG = logging.getLogger("gateway.request")
 ACCESS_LOG = logging.getLogger("gateway.access")
@@ -67,6 +67,15 @@ class JsonFormatter(logging.Formatter):
             return json.dumps(entry, default=str)
 
 
+def _logfmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    text = str(value)
+    if not text or any(c.isspace() or not c.isprintable() or c in '"=\\' for c in text):
+        return json.dumps(text)
+    return text
+
+
 class TextFormatter(logging.Formatter):
     """``TEXT_FORMAT``, the record's fields after its message as ``key=value``."""
 
@@ -78,7 +87,7 @@ class TextFormatter(logging.Formatter):
         fields = _fields(record)
         if not fields:
             return text
-        return text + " " + " ".join(f"{key}={'-' if value is None else value}" for key, value in fields.items())
+        return text + " " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields.items())
 
 
 def configure_logging(level: str, log_format: str = "text", access_log: bool = False) -> None:
@@ -98,19 +107,8 @@ def configure_logging(level: str, log_format: str = "text", access_log: bool = F
 
 
 def log_request(fields: dict[str, Any]) -> None:
-    """One line of the request log: ``mlp 200 success in 3.1 ms (id ...)`` and its fields."""
-    if not REQUEST_LOG.isEnabledFor(logging.INFO):
-        return
-    total = fields.get("total_ms")
-    REQUEST_LOG.info(
-        "%s %s %s in %s ms (id %s)",
-        fields.get("model"),
-        fields.get("status") or "-",
-        fields.get("outcome") or "-",
-        "-" if total is None else f"{total:.1f}",
-        fields.get("id"),
-        extra={FIELDS: fields},
-    )
+    """One line of the request log: the fields say it all."""
+    REQUEST_LOG.info("infer request", extra={FIELDS: fields})
 
 
 class AccessLog(AbstractAccessLogger):
@@ -130,16 +128,7 @@ class AccessLog(AbstractAccessLogger):
             "user_agent": request.headers.get("User-Agent"),
             "id": request.get(REQUEST_ID_KEY),
         }
-        self.logger.info(
-            "%s %s %s %d %d bytes %.1f ms",
-            request.remote,
-            request.method,
-            request.path_qs,
-            response.status,
-            response.body_length,
-            duration_ms,
-            extra={FIELDS: fields},
-        )
+        self.logger.info("http request", extra={FIELDS: fields})
 
     @property
     def enabled(self) -> bool:

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
 from gateway.logs import FIELDS, JsonFormatter, TextFormatter
-from tests.helpers import Gateway, run_gateway
+from tests.helpers import ROOT, Gateway, free_port, run_gateway
 
 ROW = [0.5] * 512  # one row of the example MLP's input x[N, 512]
 
@@ -51,7 +55,7 @@ def log_entries(gateway: Gateway) -> list[dict]:
     return entries
 
 
-def wait_for_entries(gateway: Gateway, wanted: callable, what: str) -> list[dict]:
+def wait_for_entries(gateway: Gateway, wanted: Callable[[list[dict]], bool], what: str) -> list[dict]:
     """The log entries once ``wanted(entries)`` holds: the access log is written after the response."""
     deadline = time.monotonic() + 10
     while True:
@@ -162,5 +166,36 @@ def test_json_lines_stay_single_lines_and_valid() -> None:
 
 
 def test_text_lines_carry_the_fields_after_the_message() -> None:
-    line = TextFormatter().format(make_record("mlp %d", 200, fields={"id": "r-2", "executed_on": None}))
-    assert line.endswith("gateway.test INFO mlp 200 id=r-2 executed_on=-")
+    fields = {"id": "r-2", "executed_on": None, "user_agent": 'curl "7" x', "total_ms": 1.5}
+    line = TextFormatter().format(make_record("infer %s", "request", fields=fields))
+    assert line.endswith('gateway.test INFO infer request id=r-2 executed_on=- user_agent="curl \\"7\\" x" total_ms=1.5')
+
+
+def test_worker_logs_json_lines_too(gateway: Gateway) -> None:
+    """`gateway worker --log-format json --access-log`: its records and its HTTP requests, each a JSON line."""
+    listen, http_port = free_port(), free_port()
+    env = dict(os.environ, GATEWAY_WORKER_TOKEN="a-worker-token-of-test")
+    command = [sys.executable, "-m", "gateway.cli", "worker", str(gateway.config), "--listen", f"127.0.0.1:{listen}"]
+    command += ["--http-port", str(http_port), "--log-format", "json", "--access-log"]
+    with tempfile.TemporaryFile() as output:
+        worker = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while not _live(http_port):
+                assert worker.poll() is None and time.monotonic() < deadline, "the worker did not come up"
+                time.sleep(0.1)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        output.seek(0)
+        lines = output.read().decode().splitlines()
+    entries = [json.loads(line) for line in lines]
+    assert any(e["logger"] == "gateway.worker" and "listening on" in e["message"] for e in entries), lines
+    assert any(e["logger"] == "gateway.access" and e["path"] == "/v2/health/live" and e["status"] == 200 for e in entries)
+
+
+def _live(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False

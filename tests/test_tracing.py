@@ -247,3 +247,6 @@ def test_runs_without_the_extra_and_says_what_is_missing(tmp_models: Path) -> No
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+    # The pure decision code never even names it.
+    for folder in ("schedulers", "controllers", "supervisor"):
+        assert not [p for p in (ROOT / folder).rglob("*.py") if "opentelemetry" in p.read_text()], folder
