@@ -14,9 +14,12 @@ after the response (``AccessLog``).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import logging
+import logging.handlers
+import queue
 import sys
 from time import perf_counter
 from typing import Any
@@ -90,14 +93,34 @@ class TextFormatter(logging.Formatter):
         return text + " " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields.items())
 
 
+class _InProcessQueueHandler(logging.handlers.QueueHandler):
+    """Hands records to the writer thread as they are: its message made, its traceback kept.
+
+    (QueueHandler's own ``prepare`` folds the traceback into the message, for queues that
+    pickle; this queue never leaves the process, and the JSON formatter wants it apart.)"""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg, record.args = record.getMessage(), None
+        return record
+
+
 def configure_logging(level: str, log_format: str = "text", access_log: bool = False) -> None:
-    """Send every record to stderr in ``log_format``; the access log only when asked for."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    """Send every record to stderr in ``log_format``; the access log only when asked for.
+
+    The event loop only queues a record: a thread writes it. A request log line per request
+    written on the loop would stall every request while stderr's reader (a pipe to a container
+    runtime, a terminal) is slow to read.
+    """
+    writer = logging.StreamHandler(sys.stderr)
+    writer.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, writer)
+    listener.start()
+    atexit.register(listener.stop)  # what is queued is written before the process ends
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+    root.addHandler(_InProcessQueueHandler(records))
     root.setLevel(level.upper())
     # Python's warnings become records too: in JSON, a bare line on stderr would break the format.
     logging.captureWarnings(True)
