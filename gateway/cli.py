@@ -20,6 +20,14 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="overrides server.port")
 
 
+def _log_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one JSON object per line for every log record"
+    )
+    parser.add_argument("--access-log", action="store_true", help="log every HTTP request, one line each")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError, exposure_error, load_config
 
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     serve = commands.add_parser("serve", help="serve the models of a TOML config over HTTP")
     _serve_arguments(serve)
-    serve.add_argument("--log-level", default="INFO")
+    _log_arguments(serve)
     serve.set_defaults(run=_serve)
 
     worker = commands.add_parser("worker", help="run one node of a cluster: its executors and their cores, for dispatchers")
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--listen", help="overrides worker.listen (HOST:PORT)")
     worker.add_argument("--http-port", type=int, help="overrides worker.http_port")
     worker.add_argument("--name", help="overrides worker.name")
-    worker.add_argument("--log-level", default="INFO")
+    _log_arguments(worker)
     worker.set_defaults(run=_worker)
 
     for name, (module_name, help_text) in COMMANDS.items():
@@ -126,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             command.set_defaults(run=module.run)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command in ("serve", "worker"):
+        from gateway.logs import configure_logging
+
+        configure_logging(args.log_level, args.log_format, args.access_log)
+    else:
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return args.run(args)
 
 

@@ -89,6 +89,8 @@ class Result:
     executor: str = ""  # its id: "cpu-NAME", "gpu-N", or "HOST:PORT/..." on a worker
     timing: BatchTiming | None = None  # its batch's parts, for Triton's statistics
     rows: int = 1  # the request's own rows (Triton's inference count)
+    started: float = 0.0  # the dispatch core started its batch (time.perf_counter)
+    ended: float = 0.0  # the batch's outputs came back
 
 
 @dataclass
@@ -651,11 +653,14 @@ class Engine:
         series.compute_seconds.observe(compute_ms / 1000)
         device = self.executors[batch.executor].device
         live = {r.id for r in action.requests}
+        now = self.now
         for request, part in zip(batch.requests, parts, strict=True):
             queue_ms = (batch.started - request.arrival) * 1000
             series.queue_seconds.observe(queue_ms / 1000)
             if request.id in live:
-                result = Result(part, device, batch.rows, queue_ms, compute_ms, batch.executor, timing, request.rows)
+                result = Result(
+                    part, device, batch.rows, queue_ms, compute_ms, batch.executor, timing, request.rows, batch.started, now
+                )
                 self._settle(request.id, result)
 
     def describe(self, runtime: ModelRuntime) -> dict[str, Any]:

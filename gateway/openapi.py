@@ -39,6 +39,17 @@ def _reply(reply: Reply) -> dict[str, Any]:
     return {"description": reply.says, "content": {reply.media_type: {"schema": schema}}}
 
 
+# Every request may name itself (gateway/observe.py); every response carries the name back.
+REQUEST_ID = {
+    "name": "X-Request-ID",
+    "in": "header",
+    "required": False,
+    "description": "names the request in the gateway's logs and traces (1-200 visible ASCII characters; "
+    "else the gateway names it); the response's X-Request-ID carries the name back",
+    "schema": {"type": "string"},
+}
+
+
 def _operation(route: Route) -> dict[str, Any]:
     """One route's operation: its path parameters, token, body and answers."""
     operation: dict[str, Any] = {"summary": route.summary}
@@ -47,7 +58,7 @@ def _operation(route: Route) -> dict[str, Any]:
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in re.findall(r"{(\w+)}", route.path)
-    ] + list(route.headers)
+    ] + [*route.headers, REQUEST_ID]
     if parameters:
         operation["parameters"] = parameters
     if route.body is not None:

@@ -22,11 +22,14 @@ from gateway import __version__
 from gateway.config import GatewayConfig
 from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
+from gateway.logs import ACCESS_LOG, AccessLog
 from gateway.metrics import GatewayMetrics, triton_exposition
+from gateway.observe import observe, record_of
 from gateway.openapi import openapi_document
 from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
+from gateway.tracing import RequestTracer, start_tracing
 
 log = logging.getLogger("gateway")
 
@@ -149,15 +152,27 @@ class JsonErrorConnection(GatewayConnection):
     and aiohttp writes it as text/plain.
     """
 
-    __slots__ = ()
+    __slots__ = ("_warned",)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._warned = False
 
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs it; raises if a response is under way
         if status >= 500:
+            super().handle_error(request, status, exc, message)  # logs it; raises if a response is under way
             text = "internal error; see the gateway's log"
         else:
+            # The client's mistake (a malformed request line or header), which aiohttp logs as an
+            # ERROR with its parser's traceback: one WARNING per connection says all there is.
+            if not self._warned:
+                self._warned = True
+                problem = " ".join(str(message or exc).split())  # aiohttp's message points at the bad byte over three lines
+                log.warning("malformed HTTP request from %s (%d): %s", request.remote, status, problem)
+            if request.writer.output_size > 0:
+                raise ConnectionError("a response is under way: no error response can follow it")
             text = f"the HTTP request is malformed: {message}" if message else HTTPStatus(status).phrase
         response = error_response(status, text)
         response.force_close()
@@ -268,6 +283,7 @@ class Handlers:
         runtime = self._runtime(request)
         self.engine.received(runtime)
         outcome, result = "internal_error", None
+        record = record_of(request)
         try:
             response, outcome, result = await self._infer(request, runtime, arrival)
             return response
@@ -281,6 +297,7 @@ class Handlers:
             outcome = "client_gone"
             raise
         finally:
+            record.outcome = outcome
             self.engine.record(runtime, outcome, arrival, result)
 
     async def _infer(
@@ -300,6 +317,9 @@ class Handlers:
             self.limits,
         )
         datatypes = runtime.datatypes
+        record = record_of(request)
+        record.name_from_body(parsed.id)
+        record.entered_queue()
         try:
             if isinstance(runtime, PipelineRuntime):
                 result = await runtime.run(self.engine, parsed, arrival)
@@ -307,9 +327,12 @@ class Handlers:
             else:
                 result = await self.engine.submit(runtime, parsed, arrival)
         except RequestFailed as error:
+            record.failed(str(error))
             return error_response(error.status, str(error), error.headers), error.outcome, None
         except StepFailed as error:
+            record.failed(str(error))
             return error_response(error.status, str(error)), error.outcome, None
+        record.served(result)
         parameters = {
             "executed_on": result.executed_on,
             "executor": result.executor,
@@ -441,10 +464,12 @@ class Handlers:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_app(engine: Engine) -> web.Application:
+def build_app(engine: Engine, tracer: RequestTracer | None = None) -> web.Application:
+    """The gateway's app; with ``tracer``, each infer request's spans go to it (gateway/tracing.py)."""
     server = engine.config.server
     app = web.Application(
-        middlewares=[errors_as_json, bearer_guard(server.admin_token, server.data_token)], client_max_size=server.max_body_bytes
+        middlewares=[observe(tracer), errors_as_json, bearer_guard(server.admin_token, server.data_token)],
+        client_max_size=server.max_body_bytes,
     )
     app[ENGINE] = engine
     h = app[HANDLERS] = Handlers(engine)
@@ -489,7 +514,8 @@ async def serve(config: GatewayConfig) -> None:
     """Start the executors, then the HTTP server; run until SIGINT or SIGTERM."""
     engine = Engine(config, GatewayMetrics())
     await engine.start()
-    app = build_app(engine)
+    tracer = start_tracing(config.tracing)
+    app = build_app(engine, tracer)
     # handler_cancellation: a client that disconnects cancels its handler, so its request leaves
     # the queue at once (aiohttp 3.9+ lets handlers run on by default).
     runner = web.AppRunner(
@@ -531,6 +557,8 @@ async def serve(config: GatewayConfig) -> None:
     listener.close()
     await asyncio.gather(engine.stop(), connections.close_all(CLOSE_GRACE_S))
     await runner.cleanup()
+    if tracer is not None:
+        tracer.shutdown()
 
 
 async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connections, asyncio.Server]:
@@ -545,7 +573,8 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connecti
     connections = Connections(server.header_timeout_s, connection_cap(server.max_connections, descriptor_limit()))
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(
-        lambda: JsonErrorConnection(manager, connections, loop=loop, access_log=None),
+        # The access log (--access-log) is written only where gateway/logs.py enabled it.
+        lambda: JsonErrorConnection(manager, connections, loop=loop, access_log=ACCESS_LOG, access_log_class=AccessLog),
         server.host,
         server.port,
         backlog=128,  # aiohttp's TCPSite default

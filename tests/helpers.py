@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,15 +65,19 @@ class Gateway:
 
 @contextlib.contextmanager
 def run_gateway(
-    config: Path, extra_env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None
+    config: Path,
+    extra_env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[Gateway]:
-    """`gateway serve` on a free port; ``preexec_fn`` runs in the child first (a resource limit, say)."""
+    """`gateway serve` on a free port; ``preexec_fn`` runs in the child first (a resource limit, say);
+    ``args`` are more options of `gateway serve` (``--log-format json``, say)."""
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
     env = dict(os.environ, **(extra_env or {}))
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port)],
+            [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port), *args],
             stdout=sink,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

@@ -149,9 +149,8 @@ def test_config_schema_command_describes_the_file(tmp_models):
     assert done.returncode == 0, done.stderr
     schema = json.loads(done.stdout)
     assert schema["$schema"].endswith("2020-12/schema") and schema["required"] == ["models"]
-    assert {"server", "node", "gpu", "docker", "policy", "control", "worker", "cluster", "models", "pipelines"} == set(
-        schema["properties"]
-    )
+    tables = {"server", "node", "gpu", "docker", "policy", "control", "worker", "cluster", "tracing", "models", "pipelines"}
+    assert tables == set(schema["properties"])
     sla = schema["$defs"]["ModelTable"]["properties"]["sla_ms"]
     assert sla["exclusiveMinimum"] == 0 and "SLA" in sla["description"]
     validator = jsonschema_rs.validator_for(schema)

@@ -50,6 +50,7 @@ from executors.wire import encode_frame, pack_tensors, unpack_tensors
 from gateway.cluster.tls import server_context
 from gateway.config import GatewayConfig, worker_token_error
 from gateway.control import ControlLoop
+from gateway.logs import ACCESS_LOG, AccessLog
 from gateway.node import NodeExecutors, build_node_executors
 from supervisor.node import Allocation, Window
 
@@ -376,7 +377,8 @@ class WorkerNode:
         app.router.add_get("/v2/health/ready", ready)
         app.router.add_get("/v2/worker", state)
         app.router.add_get("/metrics", metrics)
-        self._http = web.AppRunner(app, access_log=None)
+        # The access log (--access-log) is written only where gateway/logs.py enabled it.
+        self._http = web.AppRunner(app, access_log=ACCESS_LOG, access_log_class=AccessLog)
         await self._http.setup()
         await web.TCPSite(self._http, host, self.config.worker.http_port).start()
 

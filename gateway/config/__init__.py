@@ -33,6 +33,7 @@ from gateway.config.schema import (
     PlantConfig,
     PolicyConfig,
     ServerConfig,
+    TracingConfig,
     WorkerConfig,
 )
 
@@ -65,6 +66,7 @@ __all__ = [
     "PlantConfig",
     "PolicyConfig",
     "ServerConfig",
+    "TracingConfig",
     "WorkerConfig",
     "exposure_error",
     "json_schema",

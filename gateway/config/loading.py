@@ -41,6 +41,7 @@ from gateway.config.schema import (
     PipelineTable,
     PlantConfig,
     ServerConfig,
+    TracingConfig,
     WorkerConfig,
     default_threads,
 )
@@ -120,6 +121,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             tls_ca=base / cluster.tls_ca if cluster.tls_ca else None,
         )
         _check_cluster(source, cluster)
+    _check_tracing(source, file.tracing)
     return GatewayConfig(
         source=source,
         server=server,
@@ -132,6 +134,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         worker=worker,
         cluster=cluster,
         pipelines=_check_pipelines(source, file.pipelines, models, base),
+        tracing=file.tracing,
     )
 
 
@@ -168,6 +171,21 @@ def _check_pipelines(
                 except ValueError as error:
                     raise ConfigError(source, f"{key}.steps[{i}].function", str(error)) from None
     return pipelines
+
+
+def _check_tracing(source: Path, tracing: TracingConfig) -> None:
+    """Tracing is an optional extra: switched on without it, the gateway says so before it starts."""
+    if not tracing.enabled:
+        return
+    from gateway.tracing import missing_packages
+
+    missing = missing_packages()
+    if missing:
+        raise ConfigError(
+            source,
+            "tracing.enabled",
+            f"true needs the tracing extra, and {', '.join(missing)} cannot be imported: pip install 'sla-gateway[tracing]'",
+        )
 
 
 def _check_cluster(source: Path, cluster: ClusterConfig) -> None:

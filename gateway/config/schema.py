@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, ConfigDict, Field, with_config
 
@@ -267,6 +268,31 @@ class ClusterConfig:
     to one of them and name the worker's host or address. Relative to the config file."""
 
 
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"must be an http:// or https:// URL, such as http://otel-collector:4318/v1/traces, got {value!r}")
+    return value
+
+
+@with_config(TABLE)
+@dataclass(frozen=True)
+class TracingConfig:
+    """[tracing]: OpenTelemetry spans of every infer request (receive, queue, dispatch, execute,
+    reply), sent with OTLP over HTTP; needs the tracing extra (pip install 'sla-gateway[tracing]')."""
+
+    enabled: bool = False
+    otlp_endpoint: Annotated[str, AfterValidator(_http_url)] | None = None
+    """Where spans are sent (OTLP/HTTP), such as http://otel-collector:4318/v1/traces (default:
+    the environment's OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else
+    http://localhost:4318/v1/traces)."""
+    service_name: Annotated[str, Field(min_length=1)] = "sla-gateway"
+    """The service.name of the spans."""
+    sample_ratio: Share = 1.0
+    """Share of the traces begun here that are recorded; a request that carries a traceparent
+    follows its caller's decision."""
+
+
 @with_config(TABLE)
 @dataclass(frozen=True)
 class PlantConfig:
@@ -449,6 +475,7 @@ class ConfigFile:
     control: ControlConfig = field(default_factory=ControlConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     cluster: ClusterConfig | None = None
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     models: Annotated[dict[ModelName, ModelTable], Field(min_length=1)]
     """At least one model, as a [models.NAME] table; NAME holds letters, digits, '_', '-' and '.'."""
     pipelines: dict[ModelName, PipelineTable] = field(default_factory=dict)
@@ -470,6 +497,7 @@ class GatewayConfig:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     cluster: ClusterConfig | None = None
     pipelines: dict[str, PipelineTable] = field(default_factory=dict)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
 
 def default_threads(cores: float, max_cores: float) -> int:

@@ -122,7 +122,8 @@ class PipelineRuntime:
                     outputs[key] = array
                     request.outputs.append(RequestedOutput(key, binary))
         took_ms = (engine.now - arrival) * 1000
-        return Result(outputs, "pipeline", 1, 0.0, took_ms, self.name, BatchTiming(1, 0, round(took_ms * 1e6), 0))
+        timing = BatchTiming(1, 0, round(took_ms * 1e6), 0)
+        return Result(outputs, "pipeline", 1, 0.0, took_ms, self.name, timing, 1, arrival, engine.now)
 
     def datatypes_of(self, outputs: dict[str, np.ndarray]) -> dict[str, str]:
         """The datatype of each output to send, the declared ones and the steps' own."""

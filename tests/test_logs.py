@@ -1,0 +1,201 @@
+"""`gateway serve --log-format json --access-log`: one JSON object per line, one request line per
+infer request, the request id from the client or made here and returned in X-Request-ID, and a
+malformed request that is one WARNING, not an ERROR with a traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from gateway.logs import FIELDS, JsonFormatter, TextFormatter
+from tests.helpers import ROOT, Gateway, free_port, run_gateway
+
+ROW = [0.5] * 512  # one row of the example MLP's input x[N, 512]
+
+
+def infer_body(rows: int = 1, **extra: object) -> dict:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 512], "data": ROW * rows}], **extra}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Iterator[Gateway]:
+    folder = tmp_path_factory.mktemp("logs")
+    shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
+    config = folder / "config.toml"
+    config.write_text(
+        '[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 8\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    with run_gateway(config, args=["--log-format", "json", "--access-log"]) as running:
+        yield running
+
+
+def log_entries(gateway: Gateway) -> list[dict]:
+    """Every line of the gateway's output, each of which must be one JSON object."""
+    entries = []
+    for number, line in enumerate(gateway.output().splitlines(), 1):
+        entry = json.loads(line)  # raises on any line that is not JSON
+        assert isinstance(entry, dict), f"line {number} is not a JSON object: {line}"
+        assert {"time", "level", "logger", "message"} <= entry.keys(), line
+        entries.append(entry)
+    return entries
+
+
+def wait_for_entries(gateway: Gateway, wanted: Callable[[list[dict]], bool], what: str) -> list[dict]:
+    """The log entries once ``wanted(entries)`` holds: the access log is written after the response."""
+    deadline = time.monotonic() + 10
+    while True:
+        entries = log_entries(gateway)
+        if wanted(entries):
+            return entries
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} never appeared in the log:\n{gateway.output()}")
+        time.sleep(0.05)
+
+
+def request_lines(entries: list[dict], request_id: str) -> list[dict]:
+    return [e for e in entries if e["logger"] == "gateway.request" and e.get("id") == request_id]
+
+
+def test_request_ids_round_trip_into_header_and_log_line(gateway: Gateway) -> None:
+    url = f"{gateway.base}/v2/models/mlp/infer"
+    by_header = requests.post(url, json=infer_body(), headers={"X-Request-ID": "client-id-7"}, timeout=30)
+    by_body = requests.post(url, json=infer_body(id="body-id-8"), timeout=30)
+    # A client's header wins over its body's id, which the protocol still echoes in the body.
+    both = requests.post(url, json=infer_body(id="body-id-9"), headers={"X-Request-ID": "header-id-9"}, timeout=30)
+    made = requests.post(url, json=infer_body(rows=3), timeout=30)
+    # An id that could break a header or a text log line is not taken: one is made instead.
+    unusable = requests.post(url, json=infer_body(id="two words"), timeout=30)
+    invalid = requests.post(url, json={"inputs": []}, headers={"X-Request-ID": "bad-body-1"}, timeout=30)
+    health = requests.get(f"{gateway.base}/v2/health/live", headers={"X-Request-ID": "probe-1"}, timeout=30)
+
+    for response in (by_header, by_body, both, made, unusable):
+        assert response.status_code == 200, response.text
+    assert by_header.headers["X-Request-ID"] == "client-id-7"
+    assert by_body.headers["X-Request-ID"] == "body-id-8" and by_body.json()["id"] == "body-id-8"
+    assert both.headers["X-Request-ID"] == "header-id-9" and both.json()["id"] == "body-id-9"
+    generated = made.headers["X-Request-ID"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
+    assert re.fullmatch(r"[0-9a-f]{32}", unusable.headers["X-Request-ID"])
+    assert unusable.headers["X-Request-ID"] != generated
+    assert invalid.status_code == 400 and invalid.headers["X-Request-ID"] == "bad-body-1"
+    assert health.headers["X-Request-ID"] == "probe-1"
+
+    ids = ["client-id-7", "body-id-8", "header-id-9", generated, unusable.headers["X-Request-ID"], "bad-body-1"]
+    entries = wait_for_entries(
+        gateway,
+        lambda entries: all(any(e["logger"] == "gateway.access" and e.get("id") == i for e in entries) for i in ids),
+        "an access line of every request",
+    )
+    for request_id in ids:
+        assert len(request_lines(entries, request_id)) == 1, request_id
+    served = request_lines(entries, generated)[0]
+    assert served["model"] == "mlp" and served["status"] == 200 and served["outcome"] == "success"
+    assert served["executed_on"] == "cpu" and served["executor"] == "cpu-mlp" and served["batch_size"] == 3
+    for key in ("queue_ms", "compute_ms", "total_ms"):
+        assert isinstance(served[key], float) and served[key] >= 0, key
+    assert served["queue_ms"] <= served["total_ms"]
+    refused = request_lines(entries, "bad-body-1")[0]
+    assert refused["status"] == 400 and refused["outcome"] == "invalid" and refused["executed_on"] is None
+    # Health probes are no infer requests: in the access log only.
+    assert not request_lines(entries, "probe-1")
+    access = next(e for e in entries if e["logger"] == "gateway.access" and e.get("id") == "client-id-7")
+    assert access["method"] == "POST" and access["path"] == "/v2/models/mlp/infer" and access["status"] == 200
+
+
+def test_malformed_requests_are_one_warning_per_connection(gateway: Gateway) -> None:
+    """A bad request line, an invalid header: aiohttp's parser refuses them. Each connection's
+    is one WARNING line, with no ERROR and no traceback."""
+    sent = [b"NOT AN HTTP REQUEST\r\n\r\nAGAIN NOT ONE\r\n\r\n", b"GET /v2 HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n"]
+    for raw in sent:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
+            conn.sendall(raw)
+            answer = b""
+            while chunk := conn.recv(4096):  # the gateway answers 400 and closes
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0]
+
+    def warned(entries: list[dict]) -> bool:
+        return len([e for e in entries if "malformed HTTP request" in e["message"]]) >= 2
+
+    entries = wait_for_entries(gateway, warned, "two malformed-request warnings")
+    warnings = [e for e in entries if "malformed HTTP request" in e["message"]]
+    assert len(warnings) == 2, warnings
+    assert all(w["level"] == "WARNING" for w in warnings)
+    assert "Invalid method" in warnings[0]["message"] and "Invalid header" in warnings[1]["message"]
+    assert [e for e in entries if e["level"] in ("ERROR", "CRITICAL")] == []
+    assert not any("exception" in e for e in entries)
+    assert "Traceback" not in gateway.output()
+
+
+def make_record(message: str, *args: object, fields: dict | None = None, exc_info: object = None) -> logging.LogRecord:
+    record = logging.LogRecord("gateway.test", logging.INFO, __file__, 1, message, args, exc_info)  # type: ignore[arg-type]
+    if fields is not None:
+        setattr(record, FIELDS, fields)
+    return record
+
+
+def test_json_lines_stay_single_lines_and_valid() -> None:
+    """A traceback, a newline in a message and header bytes that are not UTF-8 (aiohttp keeps
+    them as lone surrogates) still make one line of valid JSON."""
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = make_record("two\nlines %s", "bad\udcff", fields={"id": "r-1", "total_ms": 1.5}, exc_info=exc_info)
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["message"] == "two\nlines bad\udcff"
+    assert entry["id"] == "r-1" and entry["total_ms"] == 1.5
+    assert "ValueError: boom" in entry["exception"]
+
+
+def test_text_lines_carry_the_fields_after_the_message() -> None:
+    fields = {"id": "r-2", "executed_on": None, "user_agent": 'curl "7" x', "total_ms": 1.5}
+    line = TextFormatter().format(make_record("infer %s", "request", fields=fields))
+    assert line.endswith('gateway.test INFO infer request id=r-2 executed_on=- user_agent="curl \\"7\\" x" total_ms=1.5')
+
+
+def test_worker_logs_json_lines_too(gateway: Gateway) -> None:
+    """`gateway worker --log-format json --access-log`: its records and its HTTP requests, each a JSON line."""
+    listen, http_port = free_port(), free_port()
+    env = dict(os.environ, GATEWAY_WORKER_TOKEN="a-worker-token-of-test")
+    command = [sys.executable, "-m", "gateway.cli", "worker", str(gateway.config), "--listen", f"127.0.0.1:{listen}"]
+    command += ["--http-port", str(http_port), "--log-format", "json", "--access-log"]
+    with tempfile.TemporaryFile() as output:
+        worker = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while not _live(http_port):
+                assert worker.poll() is None and time.monotonic() < deadline, "the worker did not come up"
+                time.sleep(0.1)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        output.seek(0)
+        lines = output.read().decode().splitlines()
+    entries = [json.loads(line) for line in lines]
+    assert any(e["logger"] == "gateway.worker" and "listening on" in e["message"] for e in entries), lines
+    assert any(e["logger"] == "gateway.access" and e["path"] == "/v2/health/live" and e["status"] == 200 for e in entries)
+
+
+def _live(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False

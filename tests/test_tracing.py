@@ -1,0 +1,252 @@
+"""OpenTelemetry spans of each infer request: the gateway in process with an in-memory exporter
+(the five phases, their attributes and parents, a caller's traceparent), `gateway serve` sending
+them by OTLP/HTTP to a collector the test runs, the [tracing] table's errors, and a gateway that
+runs and never imports OpenTelemetry without the extra."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gateway.config import ConfigError, load_config
+from gateway.engine import Engine
+from gateway.metrics import GatewayMetrics
+from gateway.server import build_app
+from gateway.tracing import INFER_ROUTE_SPAN, PHASES, RequestTracer
+from tests.helpers import ROOT, run_gateway
+
+ROW = [0.25] * 512  # one row of the example MLP's input x[N, 512]
+MODEL = '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 8\ncpu = { cores = 0.5, threads = 1 }\n'
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+def infer_body(rows: int = 1) -> dict:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 512], "data": ROW * rows}]}
+
+
+def write_config(folder: Path, extra: str = "") -> Path:
+    path = folder / "config.toml"
+    path.write_text(f'[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n{extra}\n{MODEL}')
+    return path
+
+
+@pytest.fixture
+async def traced(tmp_models: Path) -> AsyncIterator[tuple[TestClient, InMemorySpanExporter]]:
+    """The gateway's app and engine in process, its spans kept in memory."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = Engine(load_config(write_config(tmp_models)), GatewayMetrics())
+    await engine.start()
+    try:
+        async with TestClient(TestServer(build_app(engine, RequestTracer(provider)))) as client:
+            yield client, exporter
+    finally:
+        await engine.stop()
+
+
+def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
+    named = {span.name: span for span in spans}
+    assert len(named) == len(spans), [s.name for s in spans]
+    return named
+
+
+async def test_five_phases_under_the_request_span(traced: tuple[TestClient, InMemorySpanExporter]) -> None:
+    client, exporter = traced
+    response = await client.post("/v2/models/mlp/infer", json=infer_body(rows=3), headers={"X-Request-ID": "trace-me-1"})
+    assert response.status == 200, await response.text()
+
+    spans = by_name(exporter.get_finished_spans())
+    assert set(spans) == {INFER_ROUTE_SPAN, *PHASES}
+    root = spans[INFER_ROUTE_SPAN]
+    assert root.parent is None and root.kind is SpanKind.SERVER
+    trace_id = root.context.trace_id
+    assert all(span.context.trace_id == trace_id for span in spans.values())
+    # receive, queue, dispatch and reply are the request's phases; execute is part of dispatch.
+    for name in ("receive", "queue", "dispatch", "reply"):
+        assert spans[name].parent.span_id == root.context.span_id, name
+    assert spans["execute"].parent.span_id == spans["dispatch"].context.span_id
+
+    for span in spans.values():
+        assert span.attributes["gateway.model"] == "mlp", span.name
+        assert span.attributes["gateway.request_id"] == "trace-me-1", span.name
+        assert span.status.status_code is not StatusCode.ERROR, span.name
+    for name in (INFER_ROUTE_SPAN, "dispatch", "execute"):
+        assert spans[name].attributes["gateway.batch_size"] == 3, name
+        assert spans[name].attributes["gateway.device"] == "cpu", name
+        assert spans[name].attributes["gateway.executor"] == "cpu-mlp", name
+    assert root.attributes["http.response.status_code"] == 200 and root.attributes["gateway.outcome"] == "success"
+
+    # The phases follow one another within the request's span; execute lies within dispatch.
+    order = [spans[name] for name in ("receive", "queue", "dispatch", "reply")]
+    assert order[0].start_time == root.start_time and order[-1].end_time == root.end_time
+    for before, after in zip(order, order[1:], strict=False):
+        assert before.end_time == after.start_time, (before.name, after.name)
+    execute, dispatch = spans["execute"], spans["dispatch"]
+    assert dispatch.start_time <= execute.start_time <= execute.end_time == dispatch.end_time
+
+
+async def test_a_callers_traceparent_is_the_parent(traced: tuple[TestClient, InMemorySpanExporter]) -> None:
+    client, exporter = traced
+    traceparent = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
+    response = await client.post("/v2/models/mlp/infer", json=infer_body(), headers={"traceparent": traceparent})
+    assert response.status == 200, await response.text()
+
+    spans = by_name(exporter.get_finished_spans())
+    root = spans[INFER_ROUTE_SPAN]
+    assert root.parent is not None and root.parent.is_remote
+    assert root.parent.trace_id == int(TRACE_ID, 16) and root.parent.span_id == int(CALLER_SPAN, 16)
+    assert {span.context.trace_id for span in spans.values()} == {int(TRACE_ID, 16)}
+
+
+async def test_a_refused_request_ends_in_its_phase(traced: tuple[TestClient, InMemorySpanExporter]) -> None:
+    """A body the model refuses never enters the queue: the request's span and receive alone, both errors."""
+    client, exporter = traced
+    response = await client.post("/v2/models/mlp/infer", json={"inputs": [{"name": "nope"}]})
+    assert response.status == 400
+
+    spans = by_name(exporter.get_finished_spans())
+    assert set(spans) == {INFER_ROUTE_SPAN, "receive"}
+    assert spans[INFER_ROUTE_SPAN].status.status_code is StatusCode.ERROR
+    assert spans["receive"].status.status_code is StatusCode.ERROR
+    assert spans[INFER_ROUTE_SPAN].attributes["gateway.outcome"] == "invalid"
+
+
+class Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver of traces: keeps each request's body."""
+
+    bodies: list[tuple[str, str, bytes]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Collector.bodies.append((self.path, self.headers.get("Content-Type", ""), body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def collector() -> Iterator[str]:
+    Collector.bodies = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_sends_spans_over_otlp_http(tmp_models: Path, collector: str) -> None:
+    """`gateway serve` with [tracing]: a request's spans reach the collector by OTLP/HTTP (sent
+    at the latest when the gateway stops), in the caller's trace, under the configured service name."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    tracing = f'[tracing]\nenabled = true\notlp_endpoint = "{collector}"\nservice_name = "gw-under-test"\nsample_ratio = 0.0\n'
+    config = write_config(tmp_models, tracing)
+    with run_gateway(config) as gateway:
+        url = f"{gateway.base}/v2/models/mlp/infer"
+        # A ratio of 0 records no trace begun here; a caller's sampled traceparent is followed.
+        assert requests.post(url, json=infer_body(), timeout=30).status_code == 200
+        traced = requests.post(url, json=infer_body(), headers={"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}, timeout=30)
+        assert traced.status_code == 200
+    assert gateway.process.returncode == 0, gateway.output()
+
+    spans, services = [], set()
+    for path, content_type, body in Collector.bodies:
+        assert path == "/v1/traces" and content_type == "application/x-protobuf"
+        export = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in export.resource_spans:
+            services |= {a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"}
+            spans += [span for scope in resource_spans.scope_spans for span in scope.spans]
+    assert services == {"gw-under-test"}
+    assert sorted(span.name for span in spans) == sorted([INFER_ROUTE_SPAN, *PHASES])
+    assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ("sample_ratio = 1.5", "tracing.sample_ratio: must be between 0 and 1, got 1.5"),
+        ('otlp_endpoint = "collector:4318"', "tracing.otlp_endpoint: must be an http:// or https:// URL"),
+        ('service_name = ""', "tracing.service_name: "),
+        ("enable = true", "tracing.enable: unknown key (known: enabled, otlp_endpoint, sample_ratio, service_name)"),
+        ('enabled = "yes"', "tracing.enabled: must be true or false, got str 'yes'"),
+    ],
+)
+def test_tracing_config_errors_name_file_and_key(tmp_models: Path, table: str, problem: str) -> None:
+    config = write_config(tmp_models, f"[tracing]\n{table}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(config)
+    assert str(error.value).startswith(f"{config}: {problem}")
+
+
+def test_runs_without_the_extra_and_says_what_is_missing(tmp_models: Path) -> None:
+    """With OpenTelemetry not importable, the server imports, a config without tracing loads and
+    builds the app, one that enables tracing is refused naming the key and the extra; and nothing
+    of the gateway imports OpenTelemetry while tracing is off."""
+    off = write_config(tmp_models)
+    on = tmp_models / "on.toml"
+    shutil.copy(off, on)
+    on.write_text(off.read_text() + "\n[tracing]\nenabled = true\n")
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+
+        class NoOpenTelemetry(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "opentelemetry":
+                    raise ModuleNotFoundError(f"No module named {{name!r}}")
+
+        sys.meta_path.insert(0, NoOpenTelemetry())
+        import gateway.cli, gateway.server, schedulers.dispatch
+        from types import SimpleNamespace
+        from gateway.config import ConfigError, load_config
+        config = load_config({str(off)!r})
+        gateway.server.build_app(SimpleNamespace(config=config))
+        assert gateway.server.start_tracing(config.tracing) is None
+        try:
+            load_config({str(on)!r})
+        except ConfigError as error:
+            print(error)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"{on}: tracing.enabled: true needs the tracing extra, and opentelemetry-api, opentelemetry-sdk, "
+        "opentelemetry-exporter-otlp-proto-http cannot be imported: pip install 'sla-gateway[tracing]'"
+    )
+
+    # With the extra installed, a gateway with tracing off still never imports it.
+    script = (
+        "import sys, gateway.cli, gateway.server, gateway.engine, schedulers.dispatch\n"
+        f"from gateway.config import load_config\nload_config({str(off)!r})\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    # The pure decision code never even names it.
+    for folder in ("schedulers", "controllers", "supervisor"):
+        assert not [p for p in (ROOT / folder).rglob("*.py") if "opentelemetry" in p.read_text()], folder
