@@ -127,6 +127,9 @@ def configure_logging(level: str, log_format: str = "text", access_log: bool = F
     # The access log is asked for or not, whatever the level: it is a log of its own.
     ACCESS_LOG.setLevel(logging.INFO)
     ACCESS_LOG.disabled = not access_log
+    # A line per infer request is for machines (JSON), as Triton's server logs no request by
+    # default: in text, at a thousand requests a second it would bury everything else.
+    REQUEST_LOG.disabled = log_format != "json"
 
 
 def log_request(fields: dict[str, Any]) -> None:
