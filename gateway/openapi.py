@@ -46,7 +46,7 @@ def _operation(route: Route) -> dict[str, Any]:
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in re.findall(r"{(\w+)}", route.path)
-    ] + list(route.headers)
+    ] + list(route.headers + route.query)
     if parameters:
         operation["parameters"] = parameters
     if route.body is not None:
