@@ -23,7 +23,8 @@ Plane = Literal["admin", "data"]
 def plane(path: str) -> Plane | None:
     """The token a path needs: the admin API the admin token, the data plane the data token.
 
-    Health, /metrics and /openapi.json stay open: probes and scrapers must reach them.
+    Health, /metrics and /openapi.json stay open: probes and scrapers must reach them. So do the
+    live page /ui and its files: they hold no data, and the page asks /admin/live with the token.
     """
     if path.startswith("/admin"):
         return "admin"

@@ -58,7 +58,9 @@ function lastOf(values) {
 function chart(holder, title, yLabel, lines, options = {}) {
   const width = Math.max(240, holder.clientWidth || 400);
   const scales = { x: { time: false }, y: options.yRange ? { range: options.yRange } : { range: (u, min, max) => [0, Math.max(max, options.yMin || 1)] } };
-  const axes = [{ label: "seconds ago", size: 34, labelSize: 14 }, { label: yLabel, size: 48, labelSize: 14 }];
+  // Whole seconds on the time axis, however wide the chart.
+  const axes = [{ label: "seconds ago", size: 34, labelSize: 14, incrs: [1, 2, 5, 10, 15, 30, 60, 120] },
+    { label: yLabel, size: 48, labelSize: 14 }];
   if (options.y2) {
     scales.y2 = { range: (u, min, max) => [0, Math.max(max, 1)] };
     axes.push({ scale: "y2", side: 1, label: options.y2, size: 44, labelSize: 14, grid: { show: false } });
