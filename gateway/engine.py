@@ -54,6 +54,7 @@ from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
 from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
+from gateway.ui.series import LiveSeries, PeriodOf
 from schedulers.autoscale import ScalingSignal, scaling_signal
 from schedulers.dispatch import CPU, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
@@ -210,6 +211,8 @@ class Engine:
         self._cpu_seen: dict[str, tuple[int | None, float]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        # Per-second series for the live page (/ui), filled from the events below.
+        self.live = LiveSeries()
 
     def _add_executor(self, executor: Executor) -> None:
         """An executor of this node, or of a worker that connected: the dispatch core may use it
@@ -440,6 +443,7 @@ class Engine:
             out_of_slo = ended_out_of_slo(outcome, rt_ms, runtime.sla_ms)
             if out_of_slo is not None:
                 self.gpu_cluster.request_ended(now, out_of_slo)
+        self.live.request_ended(runtime.name, now, outcome, rt_ms, runtime.sla_ms, device)
         if rt_ms is not None:
             if rt_ms > runtime.sla_ms:
                 series.violations.inc()
@@ -532,6 +536,11 @@ class Engine:
     def _on_period(self, now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
         for name, allocation in allocations.items():
             self.models[name].close_window(now, windows[name], allocation.demanded, allocation.granted)
+        periods = {name: PeriodOf(a.demanded, a.granted, windows[name].cpu_s) for name, a in allocations.items()}
+        self.live.control_period(now, self.config.control.period_s, periods, {n: r.sla_ms for n, r in self.models.items()})
+        if self.gpu_cluster is not None:
+            signal = self.gpu_scaling_signal()
+            self.live.gpu_signals(now, signal.bad_rate, signal.idle_fraction)
 
     # -- carrying out the core's actions -----------------------------------------------------
     def _on_executor_change(self, executor_id: str) -> None:
@@ -557,8 +566,11 @@ class Engine:
                     self._settle(request.id, error=error)
             elif isinstance(action, WakeAt):
                 self._wake_at(action.time)
+        now = self.now
         for name in self.core.models:
-            self.metrics.for_model(name).queue_length.set(self.core.queue_length(name))
+            length = self.core.queue_length(name)
+            self.metrics.for_model(name).queue_length.set(length)
+            self.live.queue(name, now, length, self.models[name].sla_ms)
 
     def _cpu_work_started(self, runtime: ModelRuntime) -> None:
         """A CPU executor started a batch: work is reaching it, from the clients or spilled by
@@ -631,8 +643,9 @@ class Engine:
         executor if it hangs. A GPU is busy from the moment the batch is sent until its answer."""
         hang_s = self.models[batch.model].config.hang_timeout_s
         busy = self.gpu_cluster if batch.device == GPU else None
+        started = self.now
         if busy is not None:
-            busy.batch_started(executor.id, self.now)
+            busy.batch_started(executor.id, started)
         try:
             waited_ms = [(batch.started - r.arrival) * 1000 for r in batch.requests]
             run = executor.infer(batch.model, inputs, latest_start=batch.latest_start, waited_ms=waited_ms)
@@ -642,7 +655,9 @@ class Engine:
             raise ExecutorFailed(f"it did not answer within {hang_s:g} s and was killed (hung)") from None
         finally:
             if busy is not None:
-                busy.batch_ended(executor.id, self.now)
+                ended = self.now
+                busy.batch_ended(executor.id, ended)
+                self.live.gpu_busy(executor.id, started, ended)
 
     def _finish(self, action: Finish) -> None:
         batch = action.batch
@@ -652,6 +667,7 @@ class Engine:
         series.batch_size.observe(batch.rows)
         series.compute_seconds.observe(compute_ms / 1000)
         device = self.executors[batch.executor].device
+        self.live.batch_done(batch.model, batch.executor, device, batch.rows, self.now)
         live = {r.id for r in action.requests}
         now = self.now
         for request, part in zip(batch.requests, parts, strict=True):

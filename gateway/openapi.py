@@ -58,7 +58,7 @@ def _operation(route: Route) -> dict[str, Any]:
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in re.findall(r"{(\w+)}", route.path)
-    ] + [*route.headers, REQUEST_ID]
+    ] + [*route.headers, *route.query, REQUEST_ID]
     if parameters:
         operation["parameters"] = parameters
     if route.body is not None:

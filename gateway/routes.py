@@ -13,13 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.ui.assets import ASSETS
+from gateway.ui.live import DEFAULT_SECONDS
+from gateway.ui.series import SECONDS
+
 Plane = Literal["admin", "data"]
 
 
 def plane(path: str) -> Plane | None:
     """The token a path needs: the admin API the admin token, the data plane the data token.
 
-    Health, /metrics and /openapi.json stay open: probes and scrapers must reach them.
+    Health, /metrics and /openapi.json stay open: probes and scrapers must reach them. So do the
+    live page /ui and its files: they hold no data, and the page asks /admin/live with the token.
     """
     if path.startswith("/admin"):
         return "admin"
@@ -50,6 +55,7 @@ class Route:
     body: str | None = None  # the component of the JSON request body
     binary_body: bool = False  # the body may also be the binary tensor extension's
     headers: tuple[dict[str, Any], ...] = ()  # request headers, as OpenAPI parameters
+    query: tuple[dict[str, Any], ...] = ()  # query parameters, as OpenAPI parameters
 
     @property
     def plane(self) -> Plane | None:
@@ -104,6 +110,15 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
             headers=(INFERENCE_HEADER,),
         ),
     )
+
+
+LIVE_SECONDS = {
+    "name": "seconds",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1, "maximum": SECONDS, "default": DEFAULT_SECONDS},
+    "description": f"how many whole seconds before now (the series keep the last {SECONDS})",
+}
 
 
 ROUTES: tuple[Route, ...] = (
@@ -168,6 +183,21 @@ ROUTES: tuple[Route, ...] = (
         MODEL_STATE,
         (400, 404),
         body="SetReplicas",
+    ),
+    Route(
+        "GET",
+        "/admin/live",
+        "admin_live",
+        "Per-second series of every model (response time, SLA, load, cores, queue, batches), the node and its GPUs",
+        Reply({"type": "object"}, "the series, one value per second, null where a second had nothing to measure"),
+        (400,),
+        query=(LIVE_SECONDS,),
+    ),
+    # -- the live page: the page and its files hold no data (open); it reads /admin/live -------
+    Route("GET", "/ui", "ui_page", "The live page", Reply({"type": "string"}, "the page", "text/html")),
+    *(
+        Route("GET", f"/ui/{name}", "ui_asset", f"The live page's {name}", Reply({"type": "string"}, name, media_type))
+        for name, media_type in ASSETS.items()
     ),
     Route("GET", "/admin/node", "admin_node", "The node's cores and control settings", Reply({"type": "object"}, "the node")),
     Route(

@@ -30,6 +30,8 @@ from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
 from gateway.tracing import RequestTracer, start_tracing
+from gateway.ui.assets import ASSETS, PAGE, read_asset
+from gateway.ui.live import live_document, seconds_asked
 
 log = logging.getLogger("gateway")
 
@@ -453,6 +455,17 @@ class Handlers:
             )
         self.engine.set_sla(runtime, float(sla))
         return web.json_response(self.engine.describe(runtime))
+
+    async def admin_live(self, request: web.Request) -> web.Response:
+        """The live page's per-second series (gateway/ui/live.py)."""
+        return web.json_response(live_document(self.engine, seconds_asked(request.query)))
+
+    async def ui_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=read_asset(PAGE), content_type="text/html")
+
+    async def ui_asset(self, request: web.Request) -> web.Response:
+        name = request.path.removeprefix("/ui/")
+        return web.Response(text=read_asset(name), content_type=ASSETS[name])
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_document(__version__))
