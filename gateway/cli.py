@@ -18,6 +18,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config")
     parser.add_argument("--host", help="overrides server.host")
     parser.add_argument("--port", type=int, help="overrides server.port")
+    parser.add_argument("--grpc-port", type=int, help="overrides server.grpc_port (0: no gRPC)")
 
 
 def _log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,8 @@ def _serve(args: argparse.Namespace) -> int:
         server = dataclasses.replace(server, host=args.host)
     if args.port is not None:
         server = dataclasses.replace(server, port=args.port)
+    if args.grpc_port is not None:
+        server = dataclasses.replace(server, grpc_port=args.grpc_port)
     config = dataclasses.replace(config, server=server)
     refusal = exposure_error(server)
     if refusal is not None:

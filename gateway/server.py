@@ -249,7 +249,11 @@ class Handlers:
 
     async def model_config(self, request: web.Request) -> web.Response:
         """Triton's model configuration, which perf_analyzer reads before it sends anything."""
-        runtime = self._runtime(request)
+        return web.json_response(self.triton_config(self._runtime(request)))
+
+    @staticmethod
+    def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
+        """Triton's model configuration of a model (or pipeline), for HTTP and gRPC alike."""
         signature = runtime.signature
         assert signature is not None
         batching = signature.batchable
@@ -275,7 +279,7 @@ class Handlers:
         }
         if batching:
             config["dynamic_batching"] = {}
-        return web.json_response(config)
+        return config
 
     async def infer(self, request: web.Request) -> web.Response:
         """One infer request; it ends in exactly one outcome, accounted for in /metrics."""
@@ -548,6 +552,19 @@ async def serve(config: GatewayConfig) -> None:
         config.server.port,
         connections.table.max_connections,
     )
+    grpc_server = None
+    if config.server.grpc_port:
+        from gateway.grpc_server import start_grpc
+
+        try:
+            grpc_server = await start_grpc(
+                app[HANDLERS], config.server.host, config.server.grpc_port, config.server.max_body_bytes
+            )
+        except (OSError, RuntimeError) as error:
+            listener.close()
+            await engine.stop()
+            raise SystemExit(f"cannot listen on {config.server.host}:{config.server.grpc_port} (gRPC): {error}") from None
+        log.info("serving KServe v2 gRPC on %s:%d", config.server.host, config.server.grpc_port)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -568,6 +585,9 @@ async def serve(config: GatewayConfig) -> None:
         drained.cancel()
         log.warning("shutting down with %d request(s) unfinished: they are answered 503", engine.active)
     listener.close()
+    if grpc_server is not None:
+        # Calls in flight were answered or ended 503 by the drain: what is left gets the grace.
+        await grpc_server.stop(CLOSE_GRACE_S)
     await asyncio.gather(engine.stop(), connections.close_all(CLOSE_GRACE_S))
     await runner.cleanup()
     if tracer is not None:

@@ -92,6 +92,8 @@ class ServerConfig:
     host: str = DEFAULT_HOST
     """Address to listen on; anything but loopback needs an admin token."""
     port: Annotated[int, Field(ge=0, le=65535)] = DEFAULT_PORT
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """The KServe v2 gRPC service on this port of the same host (Triton's is 8001); 0: none."""
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES
     max_json_depth: PositiveInt = DEFAULT_MAX_JSON_DEPTH
     max_elements: PositiveInt = DEFAULT_MAX_ELEMENTS

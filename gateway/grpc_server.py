@@ -1,0 +1,319 @@
+"""The KServe v2 gRPC service (the `GRPCInferenceService` of the protocol, as Triton serves it),
+on a port of its own beside HTTP, sharing the one engine: tritonclient.grpc works unchanged.
+
+The service classes are the ones tritonclient ships (tritonclient.grpc.service_pb2_grpc, from
+the protocol's grpc_service.proto), served with grpc.aio on the gateway's event loop.
+
+One infer path for both protocols: a ModelInferRequest is written as the HTTP request with the
+binary tensor extension it is equivalent to (raw contents, or typed contents turned into raw)
+and checked by the same parser (gateway/protocol.py), so a request is refused for the same
+reason, with the same words, whichever protocol carries it. The refusals map to gRPC codes as
+Triton maps its HTTP statuses: 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE_EXHAUSTED,
+429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 401 UNAUTHENTICATED.
+
+Tokens are the HTTP ones, as metadata (``authorization: Bearer TOKEN``): health calls are open,
+the rest need the data token where one is set. Model repository, shared memory, trace and log
+settings are not served (UNIMPLEMENTED, with the reason).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+import orjson
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_bytes
+from gateway.engine import RequestFailed
+from gateway.pipeline.runner import PipelineRuntime, StepFailed
+from gateway.protocol import InvalidRequest, parse_infer_request
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine, ModelRuntime, Result
+    from gateway.server import Handlers
+
+log = logging.getLogger("gateway.grpc")
+
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# The typed contents field of InferTensorContents that carries each datatype (FP16 only raw).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+# A gRPC message may carry this much (grpc's default is 4 MiB, too small for images): the HTTP
+# body limit, so that one request fits either protocol.
+OPEN_METHODS = {"ServerLive", "ServerReady"}
+
+
+class Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _parameter(value: Any) -> service_pb2.InferParameter:
+    if isinstance(value, bool):
+        return service_pb2.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return service_pb2.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return service_pb2.InferParameter(double_param=value)
+    return service_pb2.InferParameter(string_param=str(value))
+
+
+def _parameter_value(parameter: service_pb2.InferParameter) -> Any:
+    which = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, which) if which is not None else None
+
+
+def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]:
+    """The HTTP body (JSON header, then the tensors' bytes) that says what ``request`` says,
+    and the header's length: the binary tensor extension of the same request."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
+    inputs, blobs = [], []
+    for i, tensor in enumerate(request.inputs):
+        if raw:
+            blob = raw[i]
+        else:
+            field = CONTENTS_FIELD.get(tensor.datatype)
+            if field is None:
+                raise InvalidRequest(f"input '{tensor.name}': {tensor.datatype} must be sent in raw_input_contents")
+            values = list(getattr(tensor.contents, field))
+            if tensor.datatype == "BYTES":
+                blob = encode_bytes_elements(np.array(values, dtype=np.object_))
+            else:
+                blob = np.asarray(values, dtype=KSERVE_TO_NUMPY[tensor.datatype]).tobytes()
+        blobs.append(blob)
+        inputs.append(
+            {
+                "name": tensor.name,
+                "datatype": tensor.datatype,
+                "shape": list(tensor.shape),
+                "parameters": {"binary_data_size": len(blob)},
+            }
+        )
+    header: dict[str, Any] = {"inputs": inputs}
+    if request.id:
+        header["id"] = request.id
+    parameters = {k: _parameter_value(v) for k, v in request.parameters.items()}
+    if parameters:
+        header["parameters"] = parameters
+    if request.outputs:
+        header["outputs"] = [{"name": o.name, "parameters": {"binary_data": True}} for o in request.outputs]
+    head = orjson.dumps(header)
+    return head + b"".join(bytes(b) for b in blobs), len(head)
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Each call answered from the engine the HTTP handlers use (``handlers``' models, limits, draining)."""
+
+    def __init__(self, handlers: Handlers):
+        self.handlers = handlers
+        self.engine: Engine = handlers.engine
+
+    # -- health and metadata -------------------------------------------------------------------
+    async def ServerLive(self, request, context):  # noqa: N802 (the protocol's method names)
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):  # noqa: N802
+        ready = not self.handlers.draining and all(r.ready for r in self.engine.models.values())
+        return service_pb2.ServerReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request, context):  # noqa: N802
+        from gateway import __version__
+        from gateway.server import EXTENSIONS, SERVER_NAME
+
+        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=list(EXTENSIONS))
+
+    async def ModelReady(self, request, context):  # noqa: N802
+        runtime = await self._runtime(request.name, request.version, context)
+        return service_pb2.ModelReadyResponse(ready=runtime.ready and not self.handlers.draining)
+
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        from gateway.server import MODEL_VERSION
+
+        runtime = await self._runtime(request.name, request.version, context)
+        signature = runtime.signature
+        assert signature is not None
+
+        def tensors(specs):
+            return [
+                service_pb2.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype, shape=list(t.shape))
+                for t in specs
+            ]
+
+        return service_pb2.ModelMetadataResponse(
+            name=runtime.name,
+            versions=[MODEL_VERSION],
+            platform=getattr(runtime, "platform", "onnxruntime_onnx"),
+            inputs=tensors(signature.inputs),
+            outputs=tensors(signature.outputs),
+        )
+
+    async def ModelConfig(self, request, context):  # noqa: N802
+        runtime = await self._runtime(request.name, request.version, context)
+        config = json_format.ParseDict(
+            self.handlers.triton_config(runtime), model_config_pb2.ModelConfig(), ignore_unknown_fields=True
+        )
+        return service_pb2.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request, context):  # noqa: N802
+        from gateway.server import MODEL_VERSION
+
+        if request.name:
+            runtimes = [await self._runtime(request.name, request.version, context)]
+        else:
+            runtimes = sorted([*self.engine.models.values(), *self.engine.pipelines.values()], key=lambda r: r.name)
+        stats = {"model_stats": [r.statistics.to_triton(r.name, MODEL_VERSION) for r in runtimes]}
+        return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
+
+    # -- inference -----------------------------------------------------------------------------
+    async def ModelInfer(self, request, context):  # noqa: N802
+        runtime = await self._runtime(request.model_name, request.model_version, context)
+        engine = self.engine
+        arrival = time.perf_counter()
+        engine.received(runtime)
+        outcome, result = "internal_error", None
+        try:
+            if self.handlers.draining:
+                outcome = "shutdown"
+                raise Refused(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down; no new requests")
+            try:
+                body, header_length = as_http_request(request)
+                signature = runtime.signature
+                assert signature is not None
+                parsed = parse_infer_request(
+                    body, str(header_length), signature, runtime.config.max_batch_size, self.handlers.limits
+                )
+            except InvalidRequest as error:
+                outcome = "too_large" if error.status == 413 else "invalid"
+                raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error)) from None
+            try:
+                if isinstance(runtime, PipelineRuntime):
+                    result = await runtime.run(engine, parsed, arrival)
+                    datatypes = runtime.datatypes_of(result.outputs)
+                else:
+                    result = await engine.submit(runtime, parsed, arrival)
+                    datatypes = runtime.datatypes
+            except (RequestFailed, StepFailed) as error:
+                outcome = error.outcome
+                raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)) from None
+            outcome = "success"
+            return self._response(runtime, parsed, result, datatypes)
+        except Refused as refused:
+            await context.abort(refused.code, str(refused))
+        except BaseException:
+            if outcome == "internal_error" and context.cancelled():
+                outcome = "client_gone"
+            raise
+        finally:
+            engine.record(runtime, outcome, arrival, result)
+
+    @staticmethod
+    def _response(
+        runtime: ModelRuntime, parsed: Any, result: Result, datatypes: dict[str, str]
+    ) -> service_pb2.ModelInferResponse:
+        from gateway.server import MODEL_VERSION
+
+        outputs, raw = [], []
+        for wanted in parsed.outputs:
+            array = result.outputs[wanted.name]
+            datatype = datatypes[wanted.name]
+            outputs.append(
+                service_pb2.ModelInferResponse.InferOutputTensor(name=wanted.name, datatype=datatype, shape=list(array.shape))
+            )
+            raw.append(bytes(tensor_to_bytes(array, datatype)))
+        parameters = {
+            "executed_on": result.executed_on,
+            "executor": result.executor,
+            "batch_size": result.batch_size,
+            "queue_ms": round(result.queue_ms, 3),
+            "compute_ms": round(result.compute_ms, 3),
+        }
+        return service_pb2.ModelInferResponse(
+            model_name=runtime.name,
+            model_version=MODEL_VERSION,
+            id=parsed.id or "",
+            outputs=outputs,
+            raw_output_contents=raw,
+            parameters={k: _parameter(v) for k, v in parameters.items()},
+        )
+
+    async def _runtime(self, name: str, version: str, context) -> Any:
+        from gateway.server import MODEL_VERSION
+
+        runtime = self.engine.models.get(name) or self.engine.pipelines.get(name)
+        if runtime is None:
+            known = ", ".join(sorted([*self.engine.models, *self.engine.pipelines]))
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; served models: {known}")
+        if version and version != MODEL_VERSION:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"model '{name}' has no version '{version}'; served version: {MODEL_VERSION}"
+            )
+        return runtime
+
+
+class TokenGuard(grpc.aio.ServerInterceptor):
+    """The data token of HTTP's /v2, as ``authorization: Bearer TOKEN`` metadata; health stays open."""
+
+    def __init__(self, token: str | None):
+        self.expected = f"Bearer {token}".encode() if token else None
+
+    async def intercept_service(self, continuation, details):
+        method = details.method.rsplit("/", 1)[-1]
+        if self.expected is None or method in OPEN_METHODS:
+            return await continuation(details)
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self.expected):
+            return await continuation(details)
+        return _refuse_unauthenticated()
+
+
+def _refuse_unauthenticated() -> grpc.RpcMethodHandler:
+    async def refuse(request, context):
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED, "this call needs the data token: metadata authorization: Bearer TOKEN"
+        )
+
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+async def start_grpc(handlers: Handlers, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
+    """The gRPC service on ``host``:``port``, started; ``stop(grace)`` it at shutdown."""
+    server = grpc.aio.server(
+        interceptors=[TokenGuard(handlers.engine.config.server.data_token)],
+        options=[("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", max_message_bytes)],
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address} for gRPC")
+    await server.start()
+    return server
