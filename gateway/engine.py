@@ -701,7 +701,7 @@ class Engine:
                 else {}
             ),
             "profiles": {
-                device: {"per_item_ms": p.per_item_ms, "fixed_ms": p.fixed_ms}
+                device: {"per_item_ms": p.per_item_ms, "fixed_ms": p.fixed_ms, "measured_ms": p.measured()}
                 for device, p in (("cpu", runtime.cpu_profile), ("gpu", runtime.gpu_profile))
                 if p is not None
             },

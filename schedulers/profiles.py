@@ -99,6 +99,11 @@ class LatencyProfile:
     def fixed_ms(self) -> float:
         return self._fit[1]
 
+    def measured(self) -> dict[int, float]:
+        """Each batch size measured so far and its latency as read (the window's percentile):
+        the points a planner fits its own model to (FA2's quadratic, gateway/tools/plan.py)."""
+        return dict(sorted(self._read.items()))
+
     def latency_ms(self, batch_size: int) -> float:
         """The measured high percentile for this batch size, else the linear fit."""
         measured = self._read.get(batch_size)

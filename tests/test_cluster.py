@@ -260,7 +260,8 @@ async def test_the_gpu_scheduler_sees_every_gpu_of_every_worker(tmp_path: Path):
             assert sorted(e["id"] for e in described["executors"]) == sorted(f"{w}/gpu-0" for w in workers)
             assert all(e["device"] == "gpu:0" and e["emulated"] for e in described["executors"])
             # The emulated profile travelled with the worker's hello: the scheduler plans with it.
-            assert described["profiles"]["gpu"] == {"per_item_ms": 0.5, "fixed_ms": 20.0}
+            gpu = described["profiles"]["gpu"]
+            assert (gpu["per_item_ms"], gpu["fixed_ms"]) == (0.5, 20.0)
             session = ort.InferenceSession(str(EXAMPLES / "models/mlp.onnx"), providers=["CPUExecutionProvider"])
             client = triton_aio.InferenceServerClient(gateway.url, conn_limit=64)
             rng = np.random.default_rng(2)

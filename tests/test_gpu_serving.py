@@ -70,7 +70,8 @@ async def test_responses_say_where_they_ran_and_both_devices_serve(tmp_path, exa
         model = gateway.admin("mlp")
         assert [e["device"] for e in model["executors"]] == ["cpu", "gpu:0"]
         assert model["executors"][1]["emulated"] is True
-        assert model["profiles"]["gpu"] == {"per_item_ms": 0.5, "fixed_ms": 20.0}
+        gpu = model["profiles"]["gpu"]
+        assert (gpu["per_item_ms"], gpu["fixed_ms"]) == (0.5, 20.0)
         # A burst at 800/s: an emulated GPU batch of at most 8 holds for 24 ms (20 ms + 0.5 ms a
         # row), 330 requests/s at best, so the GPU cannot finish every request within the 60 ms
         # SLA and the CPU takes what it cannot.
