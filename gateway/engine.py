@@ -93,6 +93,16 @@ class Result:
     started: float = 0.0  # the dispatch core started its batch (time.perf_counter)
     ended: float = 0.0  # the batch's outputs came back
 
+    def parameters(self) -> dict[str, Any]:
+        """What a response says of where and how its request ran (HTTP and gRPC alike)."""
+        return {
+            "executed_on": self.executed_on,
+            "executor": self.executor,
+            "batch_size": self.batch_size,
+            "queue_ms": round(self.queue_ms, 3),
+            "compute_ms": round(self.compute_ms, 3),
+        }
+
 
 @dataclass
 class ModelRuntime:

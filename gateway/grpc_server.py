@@ -250,13 +250,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 service_pb2.ModelInferResponse.InferOutputTensor(name=wanted.name, datatype=datatype, shape=list(array.shape))
             )
             raw.append(bytes(tensor_to_bytes(array, datatype)))
-        parameters = {
-            "executed_on": result.executed_on,
-            "executor": result.executor,
-            "batch_size": result.batch_size,
-            "queue_ms": round(result.queue_ms, 3),
-            "compute_ms": round(result.compute_ms, 3),
-        }
+        parameters = result.parameters()
         return service_pb2.ModelInferResponse(
             model_name=runtime.name,
             model_version=MODEL_VERSION,

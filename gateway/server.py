@@ -339,13 +339,7 @@ class Handlers:
             record.failed(str(error))
             return error_response(error.status, str(error)), error.outcome, None
         record.served(result)
-        parameters = {
-            "executed_on": result.executed_on,
-            "executor": result.executor,
-            "batch_size": result.batch_size,
-            "queue_ms": round(result.queue_ms, 3),
-            "compute_ms": round(result.compute_ms, 3),
-        }
+        parameters = result.parameters()
         payload, header_length = await self._off_loop(
             sum(output.nbytes for output in result.outputs.values()),
             encode_infer_response,
