@@ -105,6 +105,7 @@ COMMANDS = {
     "simulate": ("gateway.tools.simulate", "the GPU scheduler on a virtual clock against emulated GPUs"),
     "docker-image": ("gateway.tools.docker_image", "make the host-runtime executor image with docker import (no registry)"),
     "config-schema": ("gateway.tools.config_schema", "print the JSON Schema of the config file"),
+    "plan": ("gateway.tools.plan", "plan a pipeline's devices, cores and batch sizes for a rate within its SLAs (FA2, Harpagon)"),
 }
 
 

@@ -1,0 +1,212 @@
+"""``gateway plan``: for each model step of a pipeline, the device, cores, instances and batch size
+that serve a request rate within every path's SLA at the least cost (planner/: FA2's dynamic
+program over Harpagon's configurations, or either paper alone, or an even split of the SLA), from
+the latency profiles a running gateway measured; ``--apply`` writes the plan into the config.
+
+Profiles: each model's CPU l(b) points as measured at its executor's cores (``GET
+/admin/models/{m}``, ``profiles.cpu.measured_ms``), read at the other core counts offered
+(``--cores``) as if the model ran that much faster or slower (an executor's intra-op threads
+follow its cores); its GPU l(b) where the node has GPUs. Points are fitted with FA2's quadratic.
+The function steps between models cost no executor: ``--functions-ms`` (what they take, in all,
+on a path) is kept out of every path's SLA before the models share it.
+
+What ``--apply`` writes for a step's model: ``sla_ms`` its latency budget (the step's worst case
+in the plan: the model's queue and schedulers then hold that step to it), ``max_batch_size`` at
+least the planned batch, ``dispatch_batch`` the planned batch (Harpagon's batch-aware dispatch),
+and ``cpu.cores`` instances x cores (one executor per model on a node: its cores are the sum;
+``replicas`` on a cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.config import ConfigError, load_config
+from gateway.pipeline.graph import PipelineGraph
+
+POLICIES = ("ours", "fa2", "harpagon", "even")
+DEFAULT_CORES = (0.5, 1.0, 2.0)
+
+
+@dataclass(frozen=True)
+class MeasuredModel:
+    """A model's measured l(b) points (batch size -> ms) and the cores its CPU executor had."""
+
+    cores: float
+    cpu_ms: dict[int, float]
+    gpu_ms: dict[int, float]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config")
+    parser.add_argument("--rate", type=float, required=True, help="the pipeline's requests per second")
+    parser.add_argument("--pipeline", help="which [pipelines.NAME] (default: the only one)")
+    parser.add_argument("--profiles", required=True, help="a running gateway that has served the pipeline: http://HOST:PORT")
+    parser.add_argument("--token", help="its admin token")
+    parser.add_argument("--policy", choices=POLICIES, default="ours")
+    parser.add_argument("--cores", default=",".join(f"{c:g}" for c in DEFAULT_CORES), help="core counts a CPU instance may have")
+    parser.add_argument("--gpu-price", type=float, default=8.0, help="a GPU's cost in cores")
+    parser.add_argument("--functions-ms", type=float, default=0.0, help="time the function steps take on a path")
+    parser.add_argument("--apply", action="store_true", help="write the plan into the config file")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def fetch_profiles(url: str, models: list[str], token: str | None) -> dict[str, MeasuredModel]:
+    measured = {}
+    for model in models:
+        request = urllib.request.Request(f"{url.rstrip('/')}/admin/models/{model}")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            described = json.load(response)
+        profiles = described.get("profiles", {})
+        cpu_executors = [e for e in described.get("executors", []) if e.get("device") == "cpu"]
+        measured[model] = MeasuredModel(
+            cores=float(cpu_executors[0]["cores"]) if cpu_executors else 1.0,
+            cpu_ms={int(b): float(ms) for b, ms in profiles.get("cpu", {}).get("measured_ms", {}).items()},
+            gpu_ms={int(b): float(ms) for b, ms in profiles.get("gpu", {}).get("measured_ms", {}).items()},
+        )
+    return measured
+
+
+def model_steps(graph: PipelineGraph) -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[tuple[str, ...], float]]]:
+    """The steps that run models (step -> model), the edges between them through function steps,
+    and the paths (model steps only) with their SLAs in ms."""
+    steps = {s.name: s.model for s in graph.table.steps if s.model is not None}
+
+    def model_ancestors(step: str) -> set[str]:
+        found: set[str] = set()
+        for parent in graph.needs[step]:
+            found |= {parent} if parent in steps else model_ancestors(parent)
+        return found
+
+    edges = sorted({(a, s) for s in steps for a in model_ancestors(s)})
+    paths: dict[tuple[str, ...], float] = {}
+    for path, sla_ms in graph.paths():
+        only = tuple(s for s in path if s in steps)
+        if only:
+            paths[only] = min(sla_ms, paths.get(only, math.inf))
+    return steps, edges, list(paths.items())
+
+
+def build_pipeline(graph, measured, rate, cores, gpu_price, functions_ms, max_batch):  # noqa: ANN001
+    """The planner's input (planner.pipeline.Pipeline) for the pipeline's model steps."""
+    from planner.latency_model import LatencyModel
+    from planner.pipeline import Device, Path, Pipeline, Step
+
+    steps, edges, paths = model_steps(graph)
+    planned = []
+    for step, model in steps.items():
+        profile = measured[model]
+        devices = []
+        sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch[model])
+        if profile.cpu_ms:
+            base = LatencyModel.fit([(b, ms / 1000) for b, ms in profile.cpu_ms.items()])
+            for c in cores:
+                scale = profile.cores / c  # cores past the measured ones make it that much faster
+                latency = LatencyModel(base.quadratic_s * scale, base.per_item_s * scale, base.fixed_s * scale)
+                devices.append(Device(f"cpu:{c:g}", c, latency, sizes))
+        if profile.gpu_ms:
+            devices.append(
+                Device("gpu", gpu_price, LatencyModel.fit([(b, ms / 1000) for b, ms in profile.gpu_ms.items()]), sizes)
+            )
+        if not devices:
+            raise SystemExit(f"gateway plan: model '{model}' has no measured profile yet: serve the pipeline first")
+        planned.append(Step(step, tuple(devices)))
+    return Pipeline(tuple(planned), tuple(edges), tuple(Path(p, (sla - functions_ms) / 1000) for p, sla in paths), rate), steps
+
+
+def run_planner(policy: str, pipeline: Any) -> dict[str, Any]:
+    """step -> its choice (device, batch, instances, latency_s, cost), from planner/."""
+    from planner import plan as plans
+
+    chosen = {"ours": plans.plan, "fa2": plans.fa2, "harpagon": plans.harpagon, "even": plans.even_split}[policy](pipeline)
+    if chosen is None:
+        raise SystemExit("gateway plan: no configuration meets every path's SLA at this rate")
+    return chosen.choices
+
+
+def apply(config_path: Path, steps: dict[str, str], choices: dict[str, Any]) -> None:
+    """Write each step's plan into its model's table, keeping the file's comments and order."""
+    import tomlkit
+
+    document = tomlkit.parse(config_path.read_text())
+    for step, model in steps.items():
+        choice = choices[step]
+        table = document["models"][model]
+        table["sla_ms"] = round(choice.latency_s * 1000, 1)
+        table["max_batch_size"] = max(int(table.get("max_batch_size", 1)), choice.batch)
+        table["dispatch_batch"] = choice.batch
+        if choice.device.startswith("cpu:"):
+            cores = float(choice.device.split(":", 1)[1]) * choice.instances
+            cpu = table.get("cpu") or tomlkit.inline_table()
+            cpu["cores"] = cores
+            cpu["threads"] = max(1, math.ceil(cores))
+            cpu["max_cores"] = max(float(cpu.get("max_cores", cores)), cores)
+            table["cpu"] = cpu
+    config_path.write_text(tomlkit.dumps(document))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"gateway: config error: {error}", file=sys.stderr)
+        return 2
+    if not config.pipelines:
+        print("gateway plan: the config has no [pipelines.NAME]", file=sys.stderr)
+        return 2
+    name = args.pipeline or next(iter(config.pipelines))
+    if name not in config.pipelines:
+        print(f"gateway plan: no pipeline '{name}' (pipelines: {', '.join(config.pipelines)})", file=sys.stderr)
+        return 2
+    outputs = {m: [] for m in config.models}
+    import onnx
+
+    for step in config.pipelines[name].steps:
+        if step.model is not None and not outputs[step.model]:
+            outputs[step.model] = [
+                o.name for o in onnx.load(str(config.models[step.model].path), load_external_data=False).graph.output
+            ]
+    graph = PipelineGraph.build(name, config.pipelines[name], outputs)
+    models = sorted({s.model for s in graph.table.steps if s.model is not None})
+    measured = fetch_profiles(args.profiles, models, args.token)
+    cores = tuple(float(c) for c in args.cores.split(","))
+    max_batch = {m: config.models[m].max_batch_size for m in models}
+    pipeline, steps = build_pipeline(graph, measured, args.rate, cores, args.gpu_price, args.functions_ms, max_batch)
+    started = time.perf_counter()
+    choices = run_planner(args.policy, pipeline)
+    took_ms = (time.perf_counter() - started) * 1000
+    rows = [
+        {"step": s, "model": steps[s], "device": c.device, "batch": c.batch, "instances": c.instances,
+         "worst_case_ms": round(c.latency_s * 1000, 2), "cost": round(c.cost, 3)}
+        for s, c in choices.items()
+    ]  # fmt: skip
+    paths = [{"steps": list(p.steps), "sla_ms": round(p.sla_s * 1000, 2),
+              "worst_case_ms": round(sum(choices[s].latency_s for s in p.steps) * 1000, 2)} for p in pipeline.paths]  # fmt: skip
+    result = {"pipeline": name, "policy": args.policy, "rate": args.rate, "steps": rows, "paths": paths,
+              "cost": round(sum(c.cost for c in choices.values()), 3), "planner_ms": round(took_ms, 3)}  # fmt: skip
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"pipeline {name} at {args.rate:g} requests/s, policy {args.policy} (planned in {took_ms:.1f} ms)")
+        print("| step | model | device | batch | instances | worst case (ms) | cost (cores) |")
+        print("|---|---|---|---|---|---|---|")
+        for row in rows:
+            print(f"| {row['step']} | {row['model']} | {row['device']} | {row['batch']} | {row['instances']} "
+                  f"| {row['worst_case_ms']} | {row['cost']} |")  # fmt: skip
+        for path in paths:
+            print(f"path {' -> '.join(path['steps'])}: worst case {path['worst_case_ms']} ms of {path['sla_ms']} ms")
+        print(f"cost: {result['cost']} cores")
+    if args.apply:
+        apply(Path(args.config), steps, choices)
+        print(f"written into {args.config}", file=sys.stderr)
+    return 0
