@@ -50,7 +50,8 @@ def images() -> list[tuple[int, bytes]]:
     bodies = []
     for lines in LINES:
         image = render(lines)
-        tensor = {"name": "image", "datatype": "UINT8", "shape": list(image.shape), "parameters": {"binary_data_size": image.size}}
+        size = {"binary_data_size": image.size}
+        tensor = {"name": "image", "datatype": "UINT8", "shape": list(image.shape), "parameters": size}
         header = json.dumps({"inputs": [tensor], "outputs": [{"name": "text"}]}).encode()
         bodies.append((len(header), header + image.tobytes()))
     return bodies
@@ -168,9 +169,7 @@ def main() -> int:
                 rows.append(row)
                 print(rows[-1], file=sys.stderr)
     (WORK / "ocr_plans.json").write_text(json.dumps(rows, indent=2))
-    print(
-        "| rate (req/s) | SLA (ms) | planner | planned cores | planner (ms) | requests | over SLA | p99 (ms) | core-seconds |"
-    )
+    print("| rate (req/s) | SLA (ms) | planner | planned cores | planner (ms) | requests | over SLA | p99 (ms) | core-seconds |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         if "error" in row:
