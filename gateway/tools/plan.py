@@ -3,10 +3,14 @@ that serve a request rate within every path's SLA at the least cost (planner/: F
 program over Harpagon's configurations, or either paper alone, or an even split of the SLA), from
 the latency profiles a running gateway measured; ``--apply`` writes the plan into the config.
 
-Profiles: each model's CPU l(b) points as measured at its executor's cores (``GET
-/admin/models/{m}``, ``profiles.cpu.measured_ms``), read at the other core counts offered
-(``--cores``) as if the model ran that much faster or slower (an executor's intra-op threads
-follow its cores); its GPU l(b) where the node has GPUs. Points are fitted with FA2's quadratic.
+Profiles: each model step's l(b) on one core, measured here with ONNX Runtime (one intra-op
+thread) on the inputs the step really gets: the pipeline is run by hand on ``--sample`` (an image
+file for a pipeline that takes one RGB image, or a .npz of its inputs), and each model is timed at
+batch sizes 1, 2, 4, ... up to its max_batch_size (the step's rows repeated). A CPU instance of c
+cores is read as 1/c of that time (a quota below one core stretches the run, threads above one
+share it), and the points are fitted with FA2's quadratic. Or ``--profiles URL``: the l(b) points
+a running gateway measured (``GET /admin/models/{m}``, ``profiles.cpu.measured_ms``) at its
+executors' cores, where those were held fixed.
 The function steps between models cost no executor: ``--functions-ms`` (what they take, in all,
 on a path) is kept out of every path's SLA before the models share it.
 
@@ -29,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.config import ConfigError, load_config
+import numpy as np
+
+from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.pipeline.graph import PipelineGraph
 
 POLICIES = ("ours", "fa2", "harpagon", "even")
@@ -49,7 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config")
     parser.add_argument("--rate", type=float, required=True, help="the pipeline's requests per second")
     parser.add_argument("--pipeline", help="which [pipelines.NAME] (default: the only one)")
-    parser.add_argument("--profiles", required=True, help="a running gateway that has served the pipeline: http://HOST:PORT")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--sample", help="an input of the pipeline to measure its steps on: an image file, or a .npz of its inputs"
+    )
+    where.add_argument("--profiles", help="or: a running gateway that has served the pipeline, http://HOST:PORT")
     parser.add_argument("--token", help="its admin token")
     parser.add_argument("--policy", choices=POLICIES, default="ours")
     parser.add_argument("--cores", default=",".join(f"{c:g}" for c in DEFAULT_CORES), help="core counts a CPU instance may have")
@@ -74,6 +84,61 @@ def fetch_profiles(url: str, models: list[str], token: str | None) -> dict[str, 
             cpu_ms={int(b): float(ms) for b, ms in profiles.get("cpu", {}).get("measured_ms", {}).items()},
             gpu_ms={int(b): float(ms) for b, ms in profiles.get("gpu", {}).get("measured_ms", {}).items()},
         )
+    return measured
+
+
+def sample_inputs(path: str, graph: PipelineGraph) -> dict[str, np.ndarray]:
+    """The pipeline's inputs from ``path``: a .npz of them, or an image for a pipeline of one image input."""
+    if path.endswith(".npz"):
+        with np.load(path) as loaded:
+            return {k: loaded[k] for k in loaded.files}
+    (spec,) = graph.table.inputs
+    from PIL import Image
+
+    return {spec.name: np.asarray(Image.open(path).convert("RGB"))}
+
+
+def measure_steps(
+    config: GatewayConfig, graph: PipelineGraph, inputs: dict[str, np.ndarray], runs: int = 3
+) -> dict[str, MeasuredModel]:
+    """Run the pipeline by hand on ``inputs``, then time each model on its step's real input at
+    batch sizes 1, 2, 4, ... (one intra-op thread: one core), the median of ``runs``."""
+    import onnxruntime as ort
+
+    from gateway.pipeline.functions import load_function
+
+    base = config.source.resolve().parent
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    sessions, fed = {}, {}
+    tensors = {f"request/{k}": v for k, v in inputs.items()}
+    for name in graph.order:
+        step = next(s for s in graph.table.steps if s.name == name)
+        arrays = {k: tensors[source] for k, source in step.inputs.items()}
+        if step.function is not None:
+            outputs = load_function(step.function, base)(arrays)
+        else:
+            session = sessions.setdefault(step.model, ort.InferenceSession(str(config.models[step.model].path), options))
+            arrays = {i.name: arrays[i.name] for i in session.get_inputs()}
+            fed[step.model] = arrays
+            outputs = dict(zip((o.name for o in session.get_outputs()), session.run(None, arrays), strict=True))
+        tensors.update({f"{name}/{k}": v for k, v in outputs.items()})
+    measured = {}
+    for model, arrays in fed.items():
+        session, rows = sessions[model], max(1, next(iter(arrays.values())).shape[0])
+        points = {}
+        batch = 1
+        while batch <= config.models[model].max_batch_size:
+            repeated = {k: np.concatenate([v] * math.ceil(batch / rows))[:batch] if v.shape[0] else v for k, v in arrays.items()}
+            session.run(None, repeated)  # warm-up: the first run of a shape sets up its kernels
+            times = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                session.run(None, repeated)
+                times.append((time.perf_counter() - started) * 1000)
+            points[batch] = sorted(times)[len(times) // 2]
+            batch *= 2
+        measured[model] = MeasuredModel(cores=1.0, cpu_ms=points, gpu_ms={})
     return measured
 
 
@@ -178,7 +243,10 @@ def run(args: argparse.Namespace) -> int:
             ]
     graph = PipelineGraph.build(name, config.pipelines[name], outputs)
     models = sorted({s.model for s in graph.table.steps if s.model is not None})
-    measured = fetch_profiles(args.profiles, models, args.token)
+    if args.sample is not None:
+        measured = measure_steps(config, graph, sample_inputs(args.sample, graph))
+    else:
+        measured = fetch_profiles(args.profiles, models, args.token)
     cores = tuple(float(c) for c in args.cores.split(","))
     max_batch = {m: config.models[m].max_batch_size for m in models}
     pipeline, steps = build_pipeline(graph, measured, args.rate, cores, args.gpu_price, args.functions_ms, max_batch)
