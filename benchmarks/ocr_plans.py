@@ -2,10 +2,9 @@
 run: ours, FA2 alone, Harpagon alone and an even split of the SLA, at two rates and two
 end-to-end SLAs.
 
-1. Serve the example once and send it images, so that each model's l(b) is measured at several
-   batch sizes (the profiles every planner reads, GET /admin/models/{m}).
-2. For each (rate, SLA, planner): `gateway plan --json` (its runtime kept), then `--apply` to a
-   copy of the config with the pipeline's SLA set, serve that copy with the `fixed` control
+1. For each (rate, SLA, planner): `gateway plan --sample IMAGE --apply` on a copy of the config
+   with the pipeline's SLA set (each model step measured on the image's real step inputs; the
+   planner's own runtime kept), then serve that copy with the `fixed` control
    policy (the plan's cores are what is enforced), send Poisson arrivals of images with text
    for ``--duration`` seconds, and count: requests over the SLA (ROMA's violations per request,
    and the p99 against the SLA, Symphony's measure), errors, and the core-seconds enforced on the
@@ -92,22 +91,9 @@ def core_seconds(base: str) -> float:
     return sum(requests.get(f"{base}/admin/models/{m}", timeout=10).json()["stats"]["core_seconds"] for m in MODELS)
 
 
-def plan(config: Path, url: str, rate: float, policy: str, apply: bool) -> dict[str, Any]:
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "plan",
-        str(config),
-        "--rate",
-        str(rate),
-        "--profiles",
-        url,
-        "--policy",
-        policy,
-        "--json",
-    ]
-    done = subprocess.run(argv + (["--apply"] if apply else []), capture_output=True, text=True, cwd=ROOT, timeout=120)
+def plan(config: Path, sample: Path, rate: float, policy: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "gateway.cli", "plan", str(config), "--rate", str(rate), "--sample", str(sample)]
+    done = subprocess.run(argv + ["--policy", policy, "--json", "--apply"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout).strip()[-300:]}
     return json.loads(done.stdout)
@@ -134,18 +120,17 @@ def main() -> int:
     shutil.copytree(EXAMPLES / "models", folder / "models")
     shutil.copy(EXAMPLES / "ocr.py", folder / "ocr.py")
     base_config = with_sla(EXAMPLES / "ocr.toml", folder / "ocr.toml", 5000)
+    sample = folder / "sample.png"
+    from PIL import Image
+
+    Image.fromarray(render(LINES[1])).save(sample)
     rows: list[dict[str, Any]] = []
     for rate in (float(r) for r in args.rates.split(",")):
         for sla_ms in (float(s) for s in args.slas_ms.split(",")):
-            measured_config = with_sla(base_config, folder / f"measure-{rate:g}-{sla_ms:g}.toml", sla_ms)
-            with run_gateway(measured_config) as gateway:
-                # Profiles at several batch sizes: bursts of concurrent requests, then plan from them.
-                asyncio.run(load(gateway.base, 6.0, 6.0, seed=0))
-                plans = {}
-                for policy in POLICIES:
-                    target = folder / f"{policy}-{rate:g}-{sla_ms:g}.toml"
-                    shutil.copy(measured_config, target)
-                    plans[policy] = (target, plan(target, gateway.base, rate, policy, apply=True))
+            plans = {}
+            for policy in POLICIES:
+                target = with_sla(base_config, folder / f"{policy}-{rate:g}-{sla_ms:g}.toml", sla_ms)
+                plans[policy] = (target, plan(target, sample, rate, policy))
             for policy, (target, planned) in plans.items():
                 row: dict[str, Any] = {"rate": rate, "sla_ms": sla_ms, "policy": policy}
                 if "error" in planned:
