@@ -154,11 +154,24 @@ def model_steps(graph: PipelineGraph) -> tuple[dict[str, str], list[tuple[str, s
         return found
 
     edges = sorted({(a, s) for s in steps for a in model_ancestors(s)})
-    paths: dict[tuple[str, ...], float] = {}
+    # The paths of the models' own DAG, entry to exit (FA2's paths): each with the tightest SLA
+    # of the pipeline's paths that run exactly its models, else the pipeline's.
+    given: dict[tuple[str, ...], float] = {}
     for path, sla_ms in graph.paths():
         only = tuple(s for s in path if s in steps)
-        if only:
-            paths[only] = min(sla_ms, paths.get(only, math.inf))
+        given[only] = min(sla_ms, given.get(only, math.inf))
+    children = {s: [b for a, b in edges if a == s] for s in steps}
+    entries = [s for s in steps if not any(b == s for _, b in edges)]
+    paths: dict[tuple[str, ...], float] = {}
+
+    def walk(path: tuple[str, ...]) -> None:
+        if not children[path[-1]]:
+            paths[path] = given.get(path, graph.table.sla_ms)
+        for nxt in children[path[-1]]:
+            walk((*path, nxt))
+
+    for entry in entries:
+        walk((entry,))
     return steps, edges, list(paths.items())
 
 
@@ -189,14 +202,44 @@ def build_pipeline(graph, measured, rate, cores, gpu_price, functions_ms, max_ba
     return Pipeline(tuple(planned), tuple(edges), tuple(Path(p, (sla - functions_ms) / 1000) for p, sla in paths), rate), steps
 
 
-def run_planner(policy: str, pipeline: Any) -> dict[str, Any]:
-    """step -> its choice (device, batch, instances, latency_s, cost), from planner/."""
-    from planner import plan as plans
+@dataclass(frozen=True)
+class StepPlan:
+    """What the gateway does with a step's plan: its device, batch, instances, worst case and cost."""
 
-    chosen = {"ours": plans.plan, "fa2": plans.fa2, "harpagon": plans.harpagon, "even": plans.even_split}[policy](pipeline)
-    if chosen is None:
+    device: str
+    batch: int
+    instances: int
+    latency_s: float
+    cost: float
+
+
+def run_planner(policy: str, pipeline: Any) -> dict[str, StepPlan]:
+    """step -> its plan, from planner/: ours (FA2's program over the batch-aware worst case),
+    FA2 alone, Harpagon alone (a module's multi-tuple set served as one executor: its majority
+    configuration's device and batch, its machines paid whole), or an even split of each path's SLA."""
+    from planner.dag_program import fa2_plan
+    from planner.latency_split import harpagon_plan
+    from planner.plan import even_split_plan, plan_pipeline
+
+    if policy == "harpagon":
+        result = harpagon_plan(pipeline)
+        if result is None:
+            raise SystemExit("gateway plan: no configuration meets every path's SLA at this rate")
+        plans = {}
+        for step, config_set in result.modules.items():
+            majority = max(config_set.allocations, key=lambda a: a.machines).configuration
+            plans[step] = StepPlan(
+                majority.hardware,
+                majority.batch,
+                max(1, round(config_set.whole_machine_cost / majority.price)),
+                config_set.worst_case_latency_s,
+                config_set.whole_machine_cost,
+            )
+        return plans
+    chosen = {"ours": plan_pipeline, "fa2": fa2_plan, "even": even_split_plan}[policy](pipeline)
+    if chosen is None or not chosen.feasible:
         raise SystemExit("gateway plan: no configuration meets every path's SLA at this rate")
-    return chosen.choices
+    return {s: StepPlan(c.device, c.batch, c.instances, c.latency_s, c.cost) for s, c in chosen.choices.items()}
 
 
 def apply(config_path: Path, steps: dict[str, str], choices: dict[str, Any]) -> None:
