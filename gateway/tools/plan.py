@@ -6,7 +6,8 @@ the latency profiles a running gateway measured; ``--apply`` writes the plan int
 Profiles: each model step's l(b) on one core, measured here with ONNX Runtime (one intra-op
 thread) on the inputs the step really gets: the pipeline is run by hand on ``--sample`` (an image
 file for a pipeline that takes one RGB image, or a .npz of its inputs), and each model is timed at
-batch sizes 1, 2, 4, ... up to its max_batch_size (the step's rows repeated). A CPU instance of c
+batch sizes 1, 2, 4, ... up to its max_batch_size (the step's rows repeated); the rows a step
+gets per request of the pipeline (the sample's: text lines per image, say) scale its rate. A CPU instance of c
 cores is read as 1/c of that time (a quota below one core stretches the run, threads above one
 share it), and the points are fitted with FA2's quadratic. Or ``--profiles URL``: the l(b) points
 a running gateway measured (``GET /admin/models/{m}``, ``profiles.cpu.measured_ms``) at its
@@ -49,6 +50,7 @@ class MeasuredModel:
     cores: float
     cpu_ms: dict[int, float]
     gpu_ms: dict[int, float]
+    rows: float = 1.0  # rows the model gets per request of the pipeline (text lines per image, say)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +140,8 @@ def measure_steps(
                 times.append((time.perf_counter() - started) * 1000)
             points[batch] = sorted(times)[len(times) // 2]
             batch *= 2
-        measured[model] = MeasuredModel(cores=1.0, cpu_ms=points, gpu_ms={})
+        rows_fed = next(iter(arrays.values())).shape[0]
+        measured[model] = MeasuredModel(cores=1.0, cpu_ms=points, gpu_ms={}, rows=float(rows_fed))
     return measured
 
 
@@ -198,7 +201,8 @@ def build_pipeline(graph, measured, rate, cores, gpu_price, functions_ms, max_ba
             )
         if not devices:
             raise SystemExit(f"gateway plan: model '{model}' has no measured profile yet: serve the pipeline first")
-        planned.append(Step(step, tuple(devices)))
+        # A step runs as many rows as the pipeline's request gives it (FA2's lambda_s / lambda).
+        planned.append(Step(step, tuple(devices), rate_share=profile.rows))
     return Pipeline(tuple(planned), tuple(edges), tuple(Path(p, (sla - functions_ms) / 1000) for p, sla in paths), rate), steps
 
 
