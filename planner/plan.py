@@ -9,11 +9,13 @@ every path's worst case within its SLA, least total price) without FA2's two app
   kept exactly as its breakpoints (a latency-cost frontier), no slots. On a graph without joins this
   is the optimum of the model (step_options.py), the same as the exhaustive search.
 - At a join (a step with several parents) FA2 removes edges and splits SLAs by intensity (eq. (4)).
-  Here every incoming edge of a join J is cut and J's start is given a deadline x_J measured from the
-  request's arrival: the segments reaching J's parents must end by x_J, those leaving J have the rest
-  of each path's SLA. x_J is searched over the latencies the steps above J can actually take (every
-  sum of frontier latencies along each path to J's parents, thinned to ``MAX_DEADLINES`` values), one
-  join at a time, sweeping until no join's deadline changes.
+  Here every incoming edge of a join J is cut and each path p through J is given an arrival x_(J,p)
+  at J, in seconds after the request arrived: p's segment reaching J's parent must end by it, the one
+  leaving J has the rest of p's SLA (paths are summed, FA2's IP (3), so each has its own). The arrivals are searched from seeds (those of feasible plans, and common shares of each
+  SLA) by moves of one arrival over the latencies the steps above J can take (every sum of frontier
+  latencies along the path to J, thinned to ``MAX_DEADLINES`` values) and of all of a join's
+  arrivals shifted together, until a sweep changes nothing. This search is where the planner can
+  miss the optimum; benchmarks/planner_vs_brute_force.py counts how often.
 Batch-aware dispatch (Harpagon Section III-B) is the latency model: d(b) + (b - 1) / lambda.
 
 Baselines, the papers' rules: ``even_split_plan`` (each path's SLA split evenly over its steps, the
@@ -33,6 +35,7 @@ from planner.step_options import StepChoice, all_choices, frontier, step_frontie
 
 MAX_DEADLINES = 32  # arrival times tried per (join, path) and sweep
 MAX_SWEEPS = 3
+SEED_SHARES = tuple(i / 8 for i in range(1, 8))  # paths reaching their joins at 1/8 ... 7/8 of their SLA
 
 
 @dataclass(frozen=True)
@@ -192,24 +195,30 @@ def plan_pipeline(pipeline: Pipeline) -> Plan | None:
     fastest = plan_from_choices(pipeline, {name: options[0] for name, options in frontiers.items()})
     if not fastest.feasible:
         return None
-    # Seeds: the arrivals implied by feasible plans (the fastest one, and the baselines' where they
-    # find one); then one arrival at a time over its candidates, until a sweep changes nothing.
-    seeds = [fastest] + [p for p in (even_split_plan(pipeline),) if p is not None and p.feasible]
+    # Seeds: the arrivals implied by feasible plans (the fastest one, and the even split where it
+    # finds one), and each path reaching its joins at a common share of its SLA.
+    seeds = [_arrivals_of(pipeline, crossings, p.choices) for p in (fastest, even_split_plan(pipeline)) if p is not None]
+    seeds += [{(j, i): share * pipeline.paths[i].sla_s for j, i in crossings} for share in SEED_SHARES]
     best_cost, best_choices, arrivals = math.inf, {}, {}
-    for seed in seeds:
-        trial = _arrivals_of(pipeline, crossings, seed.choices)
+    for trial in seeds:
         cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
         if cost < best_cost:
             best_cost, best_choices, arrivals = cost, choices, trial
     candidates = {c: _arrival_candidates(pipeline, frontiers, c) for c in crossings}
+    by_join = {j: [c for c in crossings if c[0] == j] for j in join_steps}
     for _ in range(MAX_SWEEPS):
         changed = False
-        for crossing in crossings:
-            for value in candidates[crossing]:
-                trial = {**arrivals, crossing: value}
-                cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
-                if cost < best_cost - 1e-12:
-                    best_cost, best_choices, arrivals, changed = cost, choices, trial, True
+        moves: list[dict[Crossing, float]] = []
+        for crossing in crossings:  # one path's arrival at one join
+            moves.extend({crossing: value} for value in candidates[crossing])
+        for join, members in by_join.items():  # every path's arrival at a join, shifted together
+            shifts = _thin({v - arrivals[c] for c in members for v in candidates[c]}, MAX_DEADLINES)
+            moves.extend({c: arrivals[c] + shift for c in members} for shift in shifts)
+        for move in moves:
+            trial = {**arrivals, **move}
+            cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
+            if cost < best_cost - 1e-12:
+                best_cost, best_choices, arrivals, changed = cost, choices, trial, True
         if not changed:
             break
     return plan_from_choices(pipeline, best_choices)

@@ -1,0 +1,121 @@
+"""Our planner against the exhaustive search on small pipelines: chains, a shared node (fork) and a
+join, random cases with fixed seeds; the baselines' plans meet the SLAs and never beat it."""
+
+import random
+
+import pytest
+
+from planner.brute_force import brute_force_plan
+from planner.latency_model import LatencyModel
+from planner.pipeline import Device, Path, Pipeline, Step
+from planner.plan import even_split_plan, plan_pipeline
+from planner.step_options import all_choices, frontier
+
+BATCHES = (1, 2, 4, 8)
+
+
+def devices(rng: random.Random) -> tuple[Device, ...]:
+    per_item, fixed = rng.uniform(0.004, 0.02), rng.uniform(0.002, 0.01)
+    return (
+        Device("cpu-2", 2.0, LatencyModel.linear(per_item, fixed), BATCHES),
+        Device("gpu", 10.0, LatencyModel(rng.uniform(1e-5, 1e-4), rng.uniform(5e-4, 2e-3), rng.uniform(0.004, 0.012)), BATCHES),
+    )
+
+
+def build(rng: random.Random, names: list[str], edges, routes) -> Pipeline:
+    rate = rng.uniform(20, 300)
+    steps = tuple(Step(n, devices(rng)) for n in names)
+    by_name = {s.name: s for s in steps}
+    paths = tuple(
+        Path(r, sum(min(d.latency.duration(1) for d in by_name[s].devices) + 1 / rate for s in r) * rng.uniform(1.5, 5.0))
+        for r in routes
+    )
+    return Pipeline(steps, tuple(edges), paths, rate)
+
+
+def chain(rng, length):
+    names = [f"m{i}" for i in range(length)]
+    return build(rng, names, list(zip(names, names[1:], strict=False)), [tuple(names)])
+
+
+def fork(rng):
+    """m0 is shared by two paths of different SLAs."""
+    return build(rng, ["m0", "m1", "m2"], [("m0", "m1"), ("m0", "m2")], [("m0", "m1"), ("m0", "m2")])
+
+
+def diamond(rng):
+    """m0 and m3 are shared; m3 is a join."""
+    edges = [("m0", "m1"), ("m0", "m2"), ("m1", "m3"), ("m2", "m3")]
+    return build(rng, ["m0", "m1", "m2", "m3"], edges, [("m0", "m1", "m3"), ("m0", "m2", "m3")])
+
+
+CASES = [("chain2", lambda r: chain(r, 2)), ("chain3", lambda r: chain(r, 3)), ("fork", fork)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("kind", "make"), CASES, ids=[c[0] for c in CASES])
+def test_plan_costs_the_exhaustive_optimum(kind, make, seed):
+    pipeline = make(random.Random(seed))
+    optimum = brute_force_plan(pipeline, prune=False)  # every device, batch size and instance count
+    plan = plan_pipeline(pipeline)
+    assert (plan is None) == (optimum is None)
+    if optimum is not None:
+        assert plan.feasible
+        assert plan.cost == pytest.approx(optimum.cost)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_plan_costs_the_optimum_on_a_four_step_chain_and_a_join(seed):
+    for pipeline in (chain(random.Random(seed), 4), diamond(random.Random(seed))):
+        optimum = brute_force_plan(pipeline)
+        plan = plan_pipeline(pipeline)
+        assert (plan is None) == (optimum is None)
+        if optimum is not None:
+            assert plan.feasible
+            assert plan.cost == pytest.approx(optimum.cost)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruned_search_finds_the_same_optimum_as_the_plain_one(seed):
+    for pipeline in (chain(random.Random(seed), 3), fork(random.Random(seed + 10))):
+        plain, pruned = brute_force_plan(pipeline, prune=False), brute_force_plan(pipeline)
+        assert (plain is None) == (pruned is None)
+        if plain is not None:
+            assert pruned.cost == pytest.approx(plain.cost)
+
+
+def test_plan_reports_each_paths_worst_case_as_the_sum_of_its_steps():
+    pipeline = fork(random.Random(4))
+    plan = plan_pipeline(pipeline)
+    for path in plan.paths:
+        assert path.worst_case_s == pytest.approx(sum(plan.choices[s].latency_s for s in path.steps))
+        assert path.worst_case_s <= path.sla_s + 1e-9
+    assert plan.cost == pytest.approx(sum(c.instances * c.cost / c.instances for c in plan.choices.values()))
+    for c in plan.choices.values():
+        assert c.instances * c.batch / c.latency_s > 0
+
+
+def test_no_plan_where_even_the_fastest_configurations_miss_the_sla():
+    pipeline = chain(random.Random(1), 3)
+    tight = Pipeline(pipeline.steps, pipeline.edges, (Path(pipeline.paths[0].steps, 0.001),), pipeline.rate)
+    assert plan_pipeline(tight) is None and brute_force_plan(tight) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_even_split_keeps_every_step_within_its_share(seed):
+    pipeline = chain(random.Random(seed), 3)
+    plan = even_split_plan(pipeline)
+    if plan is not None:
+        share = pipeline.paths[0].sla_s / 3
+        assert all(c.latency_s <= share + 1e-9 for c in plan.choices.values())
+        assert plan.cost >= brute_force_plan(pipeline).cost - 1e-9
+
+
+def test_frontier_keeps_only_undominated_configurations():
+    pipeline = chain(random.Random(2), 2)
+    everything = all_choices(pipeline, "m0")
+    kept = frontier(everything)
+    for c in everything:
+        assert any(k.latency_s <= c.latency_s and k.cost <= c.cost for k in kept)
+    for a, b in zip(kept, kept[1:], strict=False):
+        assert a.latency_s <= b.latency_s and a.cost > b.cost
