@@ -11,11 +11,12 @@ every path's worst case within its SLA, least total price) without FA2's two app
 - At a join (a step with several parents) FA2 removes edges and splits SLAs by intensity (eq. (4)).
   Here every incoming edge of a join J is cut and each path p through J is given an arrival x_(J,p)
   at J, in seconds after the request arrived: p's segment reaching J's parent must end by it, the one
-  leaving J has the rest of p's SLA (paths are summed, FA2's IP (3), so each has its own). The arrivals are searched from seeds (those of feasible plans, and common shares of each
-  SLA) by moves of one arrival over the latencies the steps above J can take (every sum of frontier
-  latencies along the path to J, thinned to ``MAX_DEADLINES`` values) and of all of a join's
-  arrivals shifted together, until a sweep changes nothing. This search is where the planner can
-  miss the optimum; benchmarks/planner_vs_brute_force.py counts how often.
+  leaving J has the rest of p's SLA (paths are summed, FA2's IP (3), so each has its own). The
+  arrivals are searched from seeds (those of feasible plans, and common shares of each SLA) by moves
+  of one arrival over the latencies the steps above J can take (every sum of frontier latencies along
+  the path to J, thinned to ``MAX_DEADLINES`` values) and of all of a join's arrivals shifted
+  together, until a sweep changes nothing. This search is where the planner can miss the optimum;
+  benchmarks/planner_vs_brute_force.py counts how often.
 Batch-aware dispatch (Harpagon Section III-B) is the latency model: d(b) + (b - 1) / lambda.
 
 Baselines, the papers' rules: ``even_split_plan`` (each path's SLA split evenly over its steps, the
@@ -26,6 +27,7 @@ Clipper baseline of Harpagon Section IV-A), ``fa2_plan`` (dag_program.py), ``har
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -181,6 +183,60 @@ def _arrivals_of(pipeline: Pipeline, crossings: list[Crossing], choices: dict[st
     return arrivals
 
 
+def _search_arrivals(
+    pipeline: Pipeline,
+    frontiers: dict[str, list[StepChoice]],
+    crossings: list[Crossing],
+    seeds: list[dict[Crossing, float]],
+) -> tuple[float, dict[str, StepChoice]]:
+    best_cost, best_choices, arrivals = math.inf, {}, {}
+    for trial in seeds:
+        cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
+        if cost < best_cost:
+            best_cost, best_choices, arrivals = cost, choices, trial
+    if math.isinf(best_cost):
+        return best_cost, best_choices
+    join_steps = {j for j, _ in crossings}
+    candidates = {c: _arrival_candidates(pipeline, frontiers, c) for c in crossings}
+    by_join = {j: [c for c in crossings if c[0] == j] for j in join_steps}
+    for _ in range(MAX_SWEEPS):
+        changed = False
+        moves: list[dict[Crossing, float]] = []
+        for crossing in crossings:  # one path's arrival at one join
+            moves.extend({crossing: value} for value in candidates[crossing])
+        for members in by_join.values():  # every path's arrival at a join, shifted together
+            shifts = _thin({v - arrivals[c] for c in members for v in candidates[c]}, MAX_DEADLINES)
+            moves.extend({c: arrivals[c] + shift for c in members} for shift in shifts)
+        for move in moves:
+            trial = {**arrivals, **move}
+            cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
+            if cost < best_cost - 1e-12:
+                best_cost, best_choices, arrivals, changed = cost, choices, trial, True
+        if not changed:
+            break
+    return best_cost, best_choices
+
+
+def _exchange(
+    pipeline: Pipeline, frontiers: dict[str, list[StepChoice]], choices: dict[str, StepChoice]
+) -> dict[str, StepChoice]:
+    """Local search on the plan itself: one step's configuration, or two steps' at once, changed to
+    any on their frontiers while every SLA holds and the cost falls, until none does."""
+    best = plan_from_choices(pipeline, choices)
+    names = list(frontiers)
+    improved = True
+    while improved:
+        improved = False
+        for first, second in itertools.combinations_with_replacement(names, 2):
+            for a in frontiers[first]:
+                for b in frontiers[second] if second != first else (a,):
+                    trial = {**best.choices, first: a, second: b}
+                    plan = plan_from_choices(pipeline, trial)
+                    if plan.feasible and plan.cost < best.cost - 1e-12:
+                        best, improved = plan, True
+    return best.choices
+
+
 def plan_pipeline(pipeline: Pipeline) -> Plan | None:
     """The cheapest plan found (ours); None where no configuration meets every path's SLA."""
     for path in pipeline.paths:
@@ -199,28 +255,18 @@ def plan_pipeline(pipeline: Pipeline) -> Plan | None:
     # finds one), and each path reaching its joins at a common share of its SLA.
     seeds = [_arrivals_of(pipeline, crossings, p.choices) for p in (fastest, even_split_plan(pipeline)) if p is not None]
     seeds += [{(j, i): share * pipeline.paths[i].sla_s for j, i in crossings} for share in SEED_SHARES]
-    best_cost, best_choices, arrivals = math.inf, {}, {}
-    for trial in seeds:
-        cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
-        if cost < best_cost:
-            best_cost, best_choices, arrivals = cost, choices, trial
-    candidates = {c: _arrival_candidates(pipeline, frontiers, c) for c in crossings}
-    by_join = {j: [c for c in crossings if c[0] == j] for j in join_steps}
-    for _ in range(MAX_SWEEPS):
-        changed = False
-        moves: list[dict[Crossing, float]] = []
-        for crossing in crossings:  # one path's arrival at one join
-            moves.extend({crossing: value} for value in candidates[crossing])
-        for join, members in by_join.items():  # every path's arrival at a join, shifted together
-            shifts = _thin({v - arrivals[c] for c in members for v in candidates[c]}, MAX_DEADLINES)
-            moves.extend({c: arrivals[c] + shift for c in members} for shift in shifts)
-        for move in moves:
-            trial = {**arrivals, **move}
-            cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
-            if cost < best_cost - 1e-12:
-                best_cost, best_choices, arrivals, changed = cost, choices, trial, True
-        if not changed:
-            break
+    best_cost, best_choices = _search_arrivals(pipeline, frontiers, crossings, seeds)
+    if math.isinf(best_cost):
+        return None
+    # The arrival search is local: a plan one or two configurations away may be cheaper, and its
+    # arrivals seed a second search.
+    exchanged = _exchange(pipeline, frontiers, best_choices)
+    cost, choices = _search_arrivals(pipeline, frontiers, crossings, [_arrivals_of(pipeline, crossings, exchanged)])
+    if cost < best_cost:
+        best_cost, best_choices = cost, choices
+    exchanged_cost = sum(c.cost for c in exchanged.values())
+    if exchanged_cost < best_cost:
+        best_cost, best_choices = exchanged_cost, exchanged
     return plan_from_choices(pipeline, best_choices)
 
 
