@@ -15,8 +15,10 @@ every path's worst case within its SLA, least total price) without FA2's two app
   arrivals are searched from seeds (those of feasible plans, and common shares of each SLA) by moves
   of one arrival over the latencies the steps above J can take (every sum of frontier latencies along
   the path to J, thinned to ``MAX_DEADLINES`` values) and of all of a join's arrivals shifted
-  together, until a sweep changes nothing. This search is where the planner can miss the optimum;
-  benchmarks/planner_vs_brute_force.py counts how often.
+  together, until a sweep changes nothing; then one or two steps' configurations of the result are
+  exchanged while that lowers the cost, and the arrivals of the exchanged plan seed a second search.
+  This search is where the planner can miss the optimum; benchmarks/planner_vs_brute_force.py counts
+  how often.
 Batch-aware dispatch (Harpagon Section III-B) is the latency model: d(b) + (b - 1) / lambda.
 
 Baselines, the papers' rules: ``even_split_plan`` (each path's SLA split evenly over its steps, the
