@@ -8,6 +8,7 @@ from planner.configurations import (
     batch_aware_latency,
     generate_config,
     leftover_rates,
+    reassign_latency,
     round_robin_latency,
     two_tuple_config,
     with_dummy_requests,
@@ -108,3 +109,16 @@ def test_harpagon_plan_meets_the_slo_with_its_own_worst_case():
     assert plan is not None
     assert max(plan.path_latencies_s) <= 1.2 + 1e-9
     assert plan.whole_machine_cost >= plan.cost
+
+
+def test_latency_reassigner_gives_unused_latency_to_the_residual_only_where_it_pays():
+    m3 = profile("M3")
+    # 198 req/s within 0.5 s: six machines of batch 8 and 6 req/s on batch 2 (0.3 machines).
+    tight = generate_config(198, 0.5, m3)
+    assert shape(tight) == [(8, 6, 192), (2, 0.3, 6)]
+    # 0.9 s more is not enough for batch 8 to collect 8 requests at 6 req/s (0.25 + 8/6 = 1.58 s).
+    assert reassign_latency(tight, 198, 0.9, 0.5, m3) is tight
+    # 1.2 s more is: the residual moves to batch 8, 6/32 of a machine instead of 0.3.
+    relaxed = reassign_latency(tight, 198, 1.2, 0.5, m3)
+    assert shape(relaxed) == [(8, 6, 192), (8, 0.1875, 6)]
+    assert relaxed.cost == pytest.approx(6 + 6 / 32)

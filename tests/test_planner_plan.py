@@ -10,6 +10,7 @@ from planner.latency_model import LatencyModel
 from planner.pipeline import Device, Path, Pipeline, Step
 from planner.plan import even_split_plan, plan_pipeline
 from planner.step_options import all_choices, frontier
+from planner.synthetic import random_pipeline
 
 BATCHES = (1, 2, 4, 8)
 
@@ -90,9 +91,13 @@ def test_plan_reports_each_paths_worst_case_as_the_sum_of_its_steps():
     for path in plan.paths:
         assert path.worst_case_s == pytest.approx(sum(plan.choices[s].latency_s for s in path.steps))
         assert path.worst_case_s <= path.sla_s + 1e-9
-    assert plan.cost == pytest.approx(sum(c.instances * c.cost / c.instances for c in plan.choices.values()))
-    for c in plan.choices.values():
-        assert c.instances * c.batch / c.latency_s > 0
+    prices = {d.name: d.price for step in pipeline.steps for d in step.devices}
+    assert plan.cost == pytest.approx(sum(c.instances * prices[c.device] for c in plan.choices.values()))
+    for c in plan.choices.values():  # the fewest instances whose throughput covers the rate
+        device = next(d for d in pipeline.step(c.step).devices if d.name == c.device)
+        per_instance = device.latency.throughput(c.batch)
+        assert c.instances * per_instance >= pipeline.rate * (1 - 1e-9)
+        assert (c.instances - 1) * per_instance < pipeline.rate
 
 
 def test_no_plan_where_even_the_fastest_configurations_miss_the_sla():
@@ -119,3 +124,15 @@ def test_frontier_keeps_only_undominated_configurations():
         assert any(k.latency_s <= c.latency_s and k.cost <= c.cost for k in kept)
     for a, b in zip(kept, kept[1:], strict=False):
         assert a.latency_s <= b.latency_s and a.cost > b.cost
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_plan_costs_the_optimum_on_random_five_and_six_step_dags(seed):
+    rng = random.Random(seed)
+    pipeline = random_pipeline(rng, rng.randint(5, 6), join_probability=0.5)
+    optimum = brute_force_plan(pipeline)
+    plan = plan_pipeline(pipeline)
+    assert (plan is None) == (optimum is None)
+    if optimum is not None:
+        assert plan.feasible
+        assert plan.cost == pytest.approx(optimum.cost)
