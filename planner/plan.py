@@ -9,7 +9,8 @@ every path's worst case within its SLA, least total price) without FA2's two app
   kept exactly as its breakpoints (a latency-cost frontier), no slots. On a graph without joins this
   is the optimum of the model (step_options.py), the same as the exhaustive search.
 - At a join (a step with several parents) FA2 removes edges and splits SLAs by intensity (eq. (4)).
-  Here every incoming edge of a join J is cut and each path p through J is given an arrival x_(J,p)
+  Here every incoming edge of a join J (and of a step where a path starts, if it has a parent) is
+  cut and each path p through J is given an arrival x_(J,p)
   at J, in seconds after the request arrived: p's segment reaching J's parent must end by it, the one
   leaving J has the rest of p's SLA (paths are summed, FA2's IP (3), so each has its own). The
   arrivals are searched from seeds (those of feasible plans, and common shares of each SLA) by moves
@@ -126,19 +127,18 @@ Crossing = tuple[str, int]  # (join, index of a path through it)
 
 
 def _solve_with_deadlines(
-    pipeline: Pipeline, frontiers: dict[str, list[StepChoice]], arrivals: dict[Crossing, float]
+    pipeline: Pipeline, frontiers: dict[str, list[StepChoice]], cut_steps: frozenset[str], arrivals: dict[Crossing, float]
 ) -> tuple[float, dict[str, StepChoice]]:
     """Cut every edge into a join; path p then runs in segments between its joins, the one reaching
     join J due ``arrivals[(J, p)]`` seconds after the request arrived, the last one at the SLA; the
     forest's program gives the cost."""
-    join_steps = {join for join, _ in arrivals}
-    children = {s.name: [c for c in pipeline.children(s.name) if c not in join_steps] for s in pipeline.steps}
+    children = {s.name: [c for c in pipeline.children(s.name) if c not in cut_steps] for s in pipeline.steps}
     deadlines: dict[str, float] = {}
     for index, path in enumerate(pipeline.paths):
         start_offset = 0.0
         for position, step in enumerate(path.steps):
             following = path.steps[position + 1] if position + 1 < len(path.steps) else None
-            if following is None or following in join_steps:
+            if following is None or following in cut_steps:
                 end = path.sla_s if following is None else arrivals[(following, index)]
                 deadlines[step] = min(deadlines.get(step, math.inf), end - start_offset)
                 if following is not None:
@@ -188,12 +188,13 @@ def _arrivals_of(pipeline: Pipeline, crossings: list[Crossing], choices: dict[st
 def _search_arrivals(
     pipeline: Pipeline,
     frontiers: dict[str, list[StepChoice]],
+    cut_steps: frozenset[str],
     crossings: list[Crossing],
     seeds: list[dict[Crossing, float]],
 ) -> tuple[float, dict[str, StepChoice]]:
     best_cost, best_choices, arrivals = math.inf, {}, {}
     for trial in seeds:
-        cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
+        cost, choices = _solve_with_deadlines(pipeline, frontiers, cut_steps, trial)
         if cost < best_cost:
             best_cost, best_choices, arrivals = cost, choices, trial
     if math.isinf(best_cost):
@@ -211,7 +212,7 @@ def _search_arrivals(
             moves.extend({c: arrivals[c] + shift for c in members} for shift in shifts)
         for move in moves:
             trial = {**arrivals, **move}
-            cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
+            cost, choices = _solve_with_deadlines(pipeline, frontiers, cut_steps, trial)
             if cost < best_cost - 1e-12:
                 best_cost, best_choices, arrivals, changed = cost, choices, trial, True
         if not changed:
@@ -241,15 +242,14 @@ def _exchange(
 
 def plan_pipeline(pipeline: Pipeline) -> Plan | None:
     """The cheapest plan found (ours); None where no configuration meets every path's SLA."""
-    for path in pipeline.paths:
-        if pipeline.parents(path.steps[0]):
-            raise ValueError(f"path {path.steps} must start at an entry step (one without parents)")
     frontiers = step_frontiers(pipeline)
-    join_steps = joins(pipeline)
-    if not join_steps:
-        cost, choices = _solve_with_deadlines(pipeline, frontiers, {})
+    # Cut where a step has several parents, and where a path starts at a step that has a parent
+    # (FA2's Table III: SUMR -> QUAN starts at SUMR, which AUTT feeds): each becomes a tree's root.
+    cut_steps = frozenset(joins(pipeline)) | {p.steps[0] for p in pipeline.paths if pipeline.parents(p.steps[0])}
+    if not cut_steps:
+        cost, choices = _solve_with_deadlines(pipeline, frontiers, cut_steps, {})
         return None if math.isinf(cost) else plan_from_choices(pipeline, choices)
-    crossings = [(j, i) for i, path in enumerate(pipeline.paths) for j in path.steps[1:] if j in join_steps]
+    crossings = [(j, i) for i, path in enumerate(pipeline.paths) for j in path.steps[1:] if j in cut_steps]
     fastest = plan_from_choices(pipeline, {name: options[0] for name, options in frontiers.items()})
     if not fastest.feasible:
         return None
@@ -257,13 +257,13 @@ def plan_pipeline(pipeline: Pipeline) -> Plan | None:
     # finds one), and each path reaching its joins at a common share of its SLA.
     seeds = [_arrivals_of(pipeline, crossings, p.choices) for p in (fastest, even_split_plan(pipeline)) if p is not None]
     seeds += [{(j, i): share * pipeline.paths[i].sla_s for j, i in crossings} for share in SEED_SHARES]
-    best_cost, best_choices = _search_arrivals(pipeline, frontiers, crossings, seeds)
+    best_cost, best_choices = _search_arrivals(pipeline, frontiers, cut_steps, crossings, seeds)
     if math.isinf(best_cost):
         return None
     # The arrival search is local: a plan one or two configurations away may be cheaper, and its
     # arrivals seed a second search.
     exchanged = _exchange(pipeline, frontiers, best_choices)
-    cost, choices = _search_arrivals(pipeline, frontiers, crossings, [_arrivals_of(pipeline, crossings, exchanged)])
+    cost, choices = _search_arrivals(pipeline, frontiers, cut_steps, crossings, [_arrivals_of(pipeline, crossings, exchanged)])
     if cost < best_cost:
         best_cost, best_choices = cost, choices
     exchanged_cost = sum(c.cost for c in exchanged.values())

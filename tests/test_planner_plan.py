@@ -6,6 +6,7 @@ import random
 import pytest
 
 from planner.brute_force import brute_force_plan
+from planner.dag_program import fa2_plan
 from planner.latency_model import LatencyModel
 from planner.pipeline import Device, Path, Pipeline, Step
 from planner.plan import even_split_plan, plan_pipeline
@@ -136,3 +137,38 @@ def test_plan_costs_the_optimum_on_random_five_and_six_step_dags(seed):
     if optimum is not None:
         assert plan.feasible
         assert plan.cost == pytest.approx(optimum.cost)
+
+
+# FA2's Table III: the application's execution paths and their CPU SLAs in ms. QUAN is a join of
+# ALPR, SUMR and AUTT; the path SUMR -> QUAN starts at SUMR, which AUTT feeds. The paper gives no
+# latency profiles, so the steps' models here are random.
+FA2_TABLE_III_CPU = (
+    (("OBJD", "ALPR", "QUAN"), 3020),
+    (("OBJD", "NSFW", "FACR"), 3505),
+    (("OBJD", "OBJR", "IMGS"), 3095),
+    (("SUMR", "QUAN"), 13580),
+    (("AUTT", "QUAN"), 12245),
+    (("AUTT", "SUMR", "TCLS"), 25710),
+)
+
+
+def fa2_application(rng: random.Random, ms_to_s: float) -> Pipeline:
+    names = sorted({n for route, _ in FA2_TABLE_III_CPU for n in route})
+    edges = sorted({pair for route, _ in FA2_TABLE_III_CPU for pair in zip(route, route[1:], strict=False)})
+    steps = tuple(Step(n, devices(rng)) for n in names)
+    paths = tuple(Path(route, sla * ms_to_s) for route, sla in FA2_TABLE_III_CPU)
+    return Pipeline(steps, tuple(edges), paths, rng.uniform(20, 300))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fa2_table_iii_application_planned_at_the_optimum(seed):
+    # Table III's SLAs scaled so that the paths are tight for these models (3020 ms -> 45 ms).
+    pipeline = fa2_application(random.Random(seed), 0.015 / 1000)
+    optimum = brute_force_plan(pipeline)
+    plan = plan_pipeline(pipeline)
+    assert optimum is not None
+    assert plan.feasible
+    assert plan.cost == pytest.approx(optimum.cost)
+    fa2 = fa2_plan(pipeline)
+    if fa2 is not None:
+        assert fa2.feasible and fa2.cost >= optimum.cost - 1e-9
