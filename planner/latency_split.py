@@ -5,8 +5,9 @@ multi-tuple configuration set per module with dummy requests and latency reassig
 LC = (C_M(prev) - C_M(new)) / (Lwc(new) - Lwc(prev)), with C_M(c) = p_c T / t_c and Lwc(c) = d + b / T
 (one configuration taking the module's whole rate T, Theorem 1). Algorithm 2 starts every module at
 batch size 1 on its most expensive hardware and repeatedly takes the move of the largest LC that
-keeps every path within its SLA. Of the splitting optimizations, cost-direct is implemented (the
-paper does not give its R: ``COST_DIRECT_ITERATIONS``); node merging is not.
+keeps every path within its SLA. Both splitting optimizations are here: node merging (modules with
+the same parents and children move together, their LCs added, as in the paper's example) and
+cost-direct (the paper does not give its R: ``COST_DIRECT_ITERATIONS``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,40 @@ def _candidate_moves(pipeline: Pipeline, profiles, rates, current):
                 yield name, previous, new
 
 
-def split_latency(pipeline: Pipeline, cost_direct_iterations: int = COST_DIRECT_ITERATIONS) -> dict[str, Configuration]:
+def merged_groups(pipeline: Pipeline) -> list[tuple[str, ...]]:
+    """Node merging (Section III-D): modules with the same parents and the same children."""
+    by_neighbours: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
+    for step in pipeline.steps:
+        key = (tuple(sorted(pipeline.parents(step.name))), tuple(sorted(pipeline.children(step.name))))
+        by_neighbours.setdefault(key, []).append(step.name)
+    return [tuple(members) for members in by_neighbours.values() if len(members) > 1]
+
+
+def _best_merged_move(pipeline, profiles, rates, current, groups):
+    """A super-module's move: each member takes its own move of the largest LC, all at once; its LC
+    is the members' LCs added (the paper's example: 10 + 15 > 20). The best feasible one, or None."""
+    best = None
+    latency = {m: batch_aware_latency(current[m], rates[m]) for m in current}
+    for members in groups:
+        chosen: dict[str, Configuration] = {}
+        lc_sum = 0.0
+        for member in members:
+            saving = [c for c in profiles[member] if module_cost(c, rates[member]) < module_cost(current[member], rates[member])]
+            if not saving:
+                break
+            pick = max(saving, key=lambda c, m=member: latency_cost_efficiency(current[m], c, rates[m]))
+            chosen[member] = pick
+            lc_sum += latency_cost_efficiency(current[member], pick, rates[member])
+        else:
+            moved = {**latency, **{m: batch_aware_latency(c, rates[m]) for m, c in chosen.items()}}
+            if _paths_within_sla(pipeline, moved) and (best is None or lc_sum > best[0]):
+                best = (lc_sum, chosen)
+    return best
+
+
+def split_latency(
+    pipeline: Pipeline, cost_direct_iterations: int = COST_DIRECT_ITERATIONS, node_merging: bool = True
+) -> dict[str, Configuration]:
     """Algorithm 2 (SplitLatency): each module's configuration; its Lwc is the module's budget.
     Cost-direct (Section III-D) then undoes the last ``cost_direct_iterations`` moves and redoes
     them greedily by the cost each saves; the cheaper of the two results is kept."""
@@ -76,12 +110,20 @@ def split_latency(pipeline: Pipeline, cost_direct_iterations: int = COST_DIRECT_
         name: min(profile, key=lambda c: (c.batch, -c.price)) for name, profile in profiles.items()
     }  # GetDefaultDAG: batch size 1 (the smallest) on the most expensive hardware
     history: list[tuple[str, Configuration]] = []
+    groups = merged_groups(pipeline) if node_merging else []
     while True:
         moves = list(_candidate_moves(pipeline, profiles, rates, current))
         if not moves:
             break
         # Line 11-15: the largest LC among the feasible moves (the first found on ties).
         name, previous, new = max(moves, key=lambda m: latency_cost_efficiency(m[1], m[2], rates[m[0]]))
+        best_lc = latency_cost_efficiency(previous, new, rates[name])
+        merged = _best_merged_move(pipeline, profiles, rates, current, groups)
+        if merged is not None and merged[0] > best_lc:
+            for member, member_new in merged[1].items():
+                history.append((member, current[member]))
+                current[member] = member_new
+            continue
         history.append((name, previous))
         current[name] = new
     if cost_direct_iterations <= 0 or not history:

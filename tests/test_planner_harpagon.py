@@ -16,7 +16,7 @@ from planner.configurations import (
     with_dummy_requests,
 )
 from planner.latency_model import TableLatency
-from planner.latency_split import harpagon_plan, latency_cost_efficiency, module_cost, split_latency
+from planner.latency_split import harpagon_plan, latency_cost_efficiency, merged_groups, module_cost, split_latency
 from planner.pipeline import Device, Path, Pipeline, Step
 from planner.synthetic import random_pipeline
 
@@ -140,3 +140,18 @@ def test_cost_direct_never_costs_more_than_latency_cost_efficiency_alone_and_som
         assert with_direct <= by_lc + 1e-12
         savings.append(by_lc - with_direct)
     assert max(savings) > 0
+
+
+def test_node_merging_groups_modules_of_the_same_parents_and_children():
+    device = Device("gpu", 1.0, TableLatency(TABLE_I["M1"]), (2, 4, 8))
+    steps = tuple(Step(n, (device,)) for n in ("mx", "my", "mz", "mw"))
+    edges = (("mx", "my"), ("mx", "mz"), ("mx", "mw"), ("mw", "my"))
+    paths = (Path(("mx", "my"), 2.0), Path(("mx", "mz"), 2.0), Path(("mx", "mw", "my"), 2.0))
+    pipeline = Pipeline(steps, edges, paths, 100)
+    # my has parents {mx, mw}; mz and mw both have parent mx, but mw has a child: no group.
+    assert merged_groups(pipeline) == []
+    fork = Pipeline(steps[:3], edges[:2], paths[:2], 100)
+    assert merged_groups(fork) == [("my", "mz")]
+    for merging in (True, False):
+        split = split_latency(fork, node_merging=merging)
+        assert all(batch_aware_latency(split["mx"], 100) + batch_aware_latency(split[m], 100) <= 2.0 + 1e-9 for m in ("my", "mz"))
