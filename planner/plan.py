@@ -9,11 +9,17 @@ every path's worst case within its SLA, least total price) without FA2's two app
   kept exactly as its breakpoints (a latency-cost frontier), no slots. On a graph without joins this
   is the optimum of the model (step_options.py), the same as the exhaustive search.
 - At a join (a step with several parents) FA2 removes edges and splits SLAs by intensity (eq. (4)).
-  Here every incoming edge of a join J is cut and J's start is given a deadline x_J measured from the
-  request's arrival: the segments reaching J's parents must end by x_J, those leaving J have the rest
-  of each path's SLA. x_J is searched over the latencies the steps above J can actually take (every
-  sum of frontier latencies along each path to J's parents, thinned to ``MAX_DEADLINES`` values), one
-  join at a time, sweeping until no join's deadline changes.
+  Here every incoming edge of a join J (and of a step where a path starts, if it has a parent) is
+  cut and each path p through J is given an arrival x_(J,p)
+  at J, in seconds after the request arrived: p's segment reaching J's parent must end by it, the one
+  leaving J has the rest of p's SLA (paths are summed, FA2's IP (3), so each has its own). The
+  arrivals are searched from seeds (those of feasible plans, and common shares of each SLA) by moves
+  of one arrival over the latencies the steps above J can take (every sum of frontier latencies along
+  the path to J, thinned to ``MAX_DEADLINES`` values) and of all of a join's arrivals shifted
+  together, until a sweep changes nothing; then one or two steps' configurations of the result are
+  exchanged while that lowers the cost, and the arrivals of the exchanged plan seed a second search.
+  This search is where the planner can miss the optimum; benchmarks/planner_vs_brute_force.py counts
+  how often.
 Batch-aware dispatch (Harpagon Section III-B) is the latency model: d(b) + (b - 1) / lambda.
 
 Baselines, the papers' rules: ``even_split_plan`` (each path's SLA split evenly over its steps, the
@@ -24,6 +30,7 @@ Clipper baseline of Harpagon Section IV-A), ``fa2_plan`` (dag_program.py), ``har
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -33,6 +40,7 @@ from planner.step_options import StepChoice, all_choices, frontier, step_frontie
 
 MAX_DEADLINES = 32  # arrival times tried per (join, path) and sweep
 MAX_SWEEPS = 3
+SEED_SHARES = tuple(i / 8 for i in range(1, 8))  # paths reaching their joins at 1/8 ... 7/8 of their SLA
 
 
 @dataclass(frozen=True)
@@ -119,19 +127,18 @@ Crossing = tuple[str, int]  # (join, index of a path through it)
 
 
 def _solve_with_deadlines(
-    pipeline: Pipeline, frontiers: dict[str, list[StepChoice]], arrivals: dict[Crossing, float]
+    pipeline: Pipeline, frontiers: dict[str, list[StepChoice]], cut_steps: frozenset[str], arrivals: dict[Crossing, float]
 ) -> tuple[float, dict[str, StepChoice]]:
     """Cut every edge into a join; path p then runs in segments between its joins, the one reaching
     join J due ``arrivals[(J, p)]`` seconds after the request arrived, the last one at the SLA; the
     forest's program gives the cost."""
-    join_steps = {join for join, _ in arrivals}
-    children = {s.name: [c for c in pipeline.children(s.name) if c not in join_steps] for s in pipeline.steps}
+    children = {s.name: [c for c in pipeline.children(s.name) if c not in cut_steps] for s in pipeline.steps}
     deadlines: dict[str, float] = {}
     for index, path in enumerate(pipeline.paths):
         start_offset = 0.0
         for position, step in enumerate(path.steps):
             following = path.steps[position + 1] if position + 1 < len(path.steps) else None
-            if following is None or following in join_steps:
+            if following is None or following in cut_steps:
                 end = path.sla_s if following is None else arrivals[(following, index)]
                 deadlines[step] = min(deadlines.get(step, math.inf), end - start_offset)
                 if following is not None:
@@ -178,40 +185,90 @@ def _arrivals_of(pipeline: Pipeline, crossings: list[Crossing], choices: dict[st
     return arrivals
 
 
+def _search_arrivals(
+    pipeline: Pipeline,
+    frontiers: dict[str, list[StepChoice]],
+    cut_steps: frozenset[str],
+    crossings: list[Crossing],
+    seeds: list[dict[Crossing, float]],
+) -> tuple[float, dict[str, StepChoice]]:
+    best_cost, best_choices, arrivals = math.inf, {}, {}
+    for trial in seeds:
+        cost, choices = _solve_with_deadlines(pipeline, frontiers, cut_steps, trial)
+        if cost < best_cost:
+            best_cost, best_choices, arrivals = cost, choices, trial
+    if math.isinf(best_cost):
+        return best_cost, best_choices
+    join_steps = {j for j, _ in crossings}
+    candidates = {c: _arrival_candidates(pipeline, frontiers, c) for c in crossings}
+    by_join = {j: [c for c in crossings if c[0] == j] for j in join_steps}
+    for _ in range(MAX_SWEEPS):
+        changed = False
+        moves: list[dict[Crossing, float]] = []
+        for crossing in crossings:  # one path's arrival at one join
+            moves.extend({crossing: value} for value in candidates[crossing])
+        for members in by_join.values():  # every path's arrival at a join, shifted together
+            shifts = _thin({v - arrivals[c] for c in members for v in candidates[c]}, MAX_DEADLINES)
+            moves.extend({c: arrivals[c] + shift for c in members} for shift in shifts)
+        for move in moves:
+            trial = {**arrivals, **move}
+            cost, choices = _solve_with_deadlines(pipeline, frontiers, cut_steps, trial)
+            if cost < best_cost - 1e-12:
+                best_cost, best_choices, arrivals, changed = cost, choices, trial, True
+        if not changed:
+            break
+    return best_cost, best_choices
+
+
+def _exchange(
+    pipeline: Pipeline, frontiers: dict[str, list[StepChoice]], choices: dict[str, StepChoice]
+) -> dict[str, StepChoice]:
+    """Local search on the plan itself: one step's configuration, or two steps' at once, changed to
+    any on their frontiers while every SLA holds and the cost falls, until none does."""
+    best = plan_from_choices(pipeline, choices)
+    names = list(frontiers)
+    improved = True
+    while improved:
+        improved = False
+        for first, second in itertools.combinations_with_replacement(names, 2):
+            for a in frontiers[first]:
+                for b in frontiers[second] if second != first else (a,):
+                    trial = {**best.choices, first: a, second: b}
+                    plan = plan_from_choices(pipeline, trial)
+                    if plan.feasible and plan.cost < best.cost - 1e-12:
+                        best, improved = plan, True
+    return best.choices
+
+
 def plan_pipeline(pipeline: Pipeline) -> Plan | None:
     """The cheapest plan found (ours); None where no configuration meets every path's SLA."""
-    for path in pipeline.paths:
-        if pipeline.parents(path.steps[0]):
-            raise ValueError(f"path {path.steps} must start at an entry step (one without parents)")
     frontiers = step_frontiers(pipeline)
-    join_steps = joins(pipeline)
-    if not join_steps:
-        cost, choices = _solve_with_deadlines(pipeline, frontiers, {})
+    # Cut where a step has several parents, and where a path starts at a step that has a parent
+    # (FA2's Table III: SUMR -> QUAN starts at SUMR, which AUTT feeds): each becomes a tree's root.
+    cut_steps = frozenset(joins(pipeline)) | {p.steps[0] for p in pipeline.paths if pipeline.parents(p.steps[0])}
+    if not cut_steps:
+        cost, choices = _solve_with_deadlines(pipeline, frontiers, cut_steps, {})
         return None if math.isinf(cost) else plan_from_choices(pipeline, choices)
-    crossings = [(j, i) for i, path in enumerate(pipeline.paths) for j in path.steps[1:] if j in join_steps]
+    crossings = [(j, i) for i, path in enumerate(pipeline.paths) for j in path.steps[1:] if j in cut_steps]
     fastest = plan_from_choices(pipeline, {name: options[0] for name, options in frontiers.items()})
     if not fastest.feasible:
         return None
-    # Seeds: the arrivals implied by feasible plans (the fastest one, and the baselines' where they
-    # find one); then one arrival at a time over its candidates, until a sweep changes nothing.
-    seeds = [fastest] + [p for p in (even_split_plan(pipeline),) if p is not None and p.feasible]
-    best_cost, best_choices, arrivals = math.inf, {}, {}
-    for seed in seeds:
-        trial = _arrivals_of(pipeline, crossings, seed.choices)
-        cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
-        if cost < best_cost:
-            best_cost, best_choices, arrivals = cost, choices, trial
-    candidates = {c: _arrival_candidates(pipeline, frontiers, c) for c in crossings}
-    for _ in range(MAX_SWEEPS):
-        changed = False
-        for crossing in crossings:
-            for value in candidates[crossing]:
-                trial = {**arrivals, crossing: value}
-                cost, choices = _solve_with_deadlines(pipeline, frontiers, trial)
-                if cost < best_cost - 1e-12:
-                    best_cost, best_choices, arrivals, changed = cost, choices, trial, True
-        if not changed:
-            break
+    # Seeds: the arrivals implied by feasible plans (the fastest one, and the even split where it
+    # finds one), and each path reaching its joins at a common share of its SLA.
+    seeds = [_arrivals_of(pipeline, crossings, p.choices) for p in (fastest, even_split_plan(pipeline)) if p is not None]
+    seeds += [{(j, i): share * pipeline.paths[i].sla_s for j, i in crossings} for share in SEED_SHARES]
+    best_cost, best_choices = _search_arrivals(pipeline, frontiers, cut_steps, crossings, seeds)
+    if math.isinf(best_cost):
+        return None
+    # The arrival search is local: a plan one or two configurations away may be cheaper, and its
+    # arrivals seed a second search.
+    exchanged = _exchange(pipeline, frontiers, best_choices)
+    cost, choices = _search_arrivals(pipeline, frontiers, cut_steps, crossings, [_arrivals_of(pipeline, crossings, exchanged)])
+    if cost < best_cost:
+        best_cost, best_choices = cost, choices
+    exchanged_cost = sum(c.cost for c in exchanged.values())
+    if exchanged_cost < best_cost:
+        best_cost, best_choices = exchanged_cost, exchanged
     return plan_from_choices(pipeline, best_choices)
 
 

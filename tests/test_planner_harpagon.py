@@ -1,5 +1,7 @@
 """Harpagon's worked examples (Sections II, III-B, III-C, III-D) reproduced from Table I's profiles."""
 
+import random
+
 import pytest
 
 from planner.configurations import (
@@ -8,13 +10,15 @@ from planner.configurations import (
     batch_aware_latency,
     generate_config,
     leftover_rates,
+    reassign_latency,
     round_robin_latency,
     two_tuple_config,
     with_dummy_requests,
 )
 from planner.latency_model import TableLatency
-from planner.latency_split import harpagon_plan, latency_cost_efficiency, module_cost, split_latency
+from planner.latency_split import harpagon_plan, latency_cost_efficiency, merged_groups, module_cost, split_latency
 from planner.pipeline import Device, Path, Pipeline, Step
+from planner.synthetic import random_pipeline
 
 # Table I: (batch size, duration in seconds); all on one hardware of unit price 1.0.
 TABLE_I = {
@@ -93,14 +97,14 @@ def test_algorithm_2_spends_the_slo_where_it_saves_most_and_stays_within_it():
     pipeline = table_pipeline(["M1", "M2"], 0.6, 100)
     split = split_latency(pipeline)
     used = sum(batch_aware_latency(c, 100) for c in split.values())
-    assert used <= 0.6
+    assert used <= 0.6 + 1e-9
     start = sum(module_cost(profile(m)[0], 100) for m in ("M1", "M2"))
     assert sum(module_cost(c, 100) for c in split.values()) < start
     # No single further move fits: every costlier-latency configuration would break the SLO.
     for name, config in split.items():
         for other in profile(name):
             if module_cost(other, 100) < module_cost(config, 100):
-                assert used - batch_aware_latency(config, 100) + batch_aware_latency(other, 100) > 0.6
+                assert used - batch_aware_latency(config, 100) + batch_aware_latency(other, 100) > 0.6 + 1e-9
 
 
 def test_harpagon_plan_meets_the_slo_with_its_own_worst_case():
@@ -108,3 +112,46 @@ def test_harpagon_plan_meets_the_slo_with_its_own_worst_case():
     assert plan is not None
     assert max(plan.path_latencies_s) <= 1.2 + 1e-9
     assert plan.whole_machine_cost >= plan.cost
+
+
+def test_latency_reassigner_gives_unused_latency_to_the_residual_only_where_it_pays():
+    m3 = profile("M3")
+    # 198 req/s within 0.5 s: six machines of batch 8 and 6 req/s on batch 2 (0.3 machines).
+    tight = generate_config(198, 0.5, m3)
+    assert shape(tight) == [(8, 6, 192), (2, 0.3, 6)]
+    # 0.9 s more is not enough for batch 8 to collect 8 requests at 6 req/s (0.25 + 8/6 = 1.58 s).
+    assert reassign_latency(tight, 198, 0.9, 0.5, m3) is tight
+    # 1.2 s more is: the residual moves to batch 8, 6/32 of a machine instead of 0.3.
+    relaxed = reassign_latency(tight, 198, 1.2, 0.5, m3)
+    assert shape(relaxed) == [(8, 6, 192), (8, 0.1875, 6)]
+    assert relaxed.cost == pytest.approx(6 + 6 / 32)
+
+
+def test_cost_direct_never_costs_more_than_latency_cost_efficiency_alone_and_sometimes_less():
+    savings = []
+    for seed in range(30):
+        pipeline = random_pipeline(random.Random(seed), 3, join_probability=0.0)
+        rates = {s.name: pipeline.step_rate(s.name) for s in pipeline.steps}
+
+        def total(split, rates=rates):
+            return sum(module_cost(c, rates[m]) for m, c in split.items())
+
+        by_lc, with_direct = total(split_latency(pipeline, 0)), total(split_latency(pipeline, 3))
+        assert with_direct <= by_lc + 1e-12
+        savings.append(by_lc - with_direct)
+    assert max(savings) > 0
+
+
+def test_node_merging_groups_modules_of_the_same_parents_and_children():
+    device = Device("gpu", 1.0, TableLatency(TABLE_I["M1"]), (2, 4, 8))
+    steps = tuple(Step(n, (device,)) for n in ("mx", "my", "mz", "mw"))
+    edges = (("mx", "my"), ("mx", "mz"), ("mx", "mw"), ("mw", "my"))
+    paths = (Path(("mx", "my"), 2.0), Path(("mx", "mz"), 2.0), Path(("mx", "mw", "my"), 2.0))
+    pipeline = Pipeline(steps, edges, paths, 100)
+    # my has parents {mx, mw}; mz and mw both have parent mx, but mw has a child: no group.
+    assert merged_groups(pipeline) == []
+    fork = Pipeline(steps[:3], edges[:2], paths[:2], 100)
+    assert merged_groups(fork) == [("my", "mz")]
+    for merging in (True, False):
+        split = split_latency(fork, node_merging=merging)
+        assert all(batch_aware_latency(split["mx"], 100) + batch_aware_latency(split[m], 100) <= 2.0 + 1e-9 for m in ("my", "mz"))
