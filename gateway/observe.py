@@ -10,6 +10,7 @@ the request's spans (gateway/tracing.py): both are written from the same timesta
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway.logs import REQUEST_ID_KEY, REQUEST_START_KEY, log_request
+from gateway.logs import REQUEST_ID_KEY, REQUEST_LOG, REQUEST_START_KEY, log_request
 
 if TYPE_CHECKING:
     from gateway.engine import Result
@@ -132,7 +133,8 @@ def observe(tracer: RequestTracer | None) -> Middleware:
             if record is not None:
                 record.end = time.perf_counter()
                 record.status = response.status if response is not None else None
-                log_request(record.fields())
+                if REQUEST_LOG.isEnabledFor(logging.INFO):  # off in text: no fields built for nothing
+                    log_request(record.fields())
                 if tracer is not None:
                     tracer.trace(record, request.headers)
 
