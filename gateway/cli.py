@@ -1,5 +1,5 @@
-"""The ``gateway`` command: ``serve``, ``worker`` (one node of a cluster), and the tools ``bench``, ``identify``, ``simulate``,
-``docker-image`` and ``config-schema``.
+"""The ``gateway`` command: ``serve``, ``worker`` (one node of a cluster), and the tools
+``bench``, ``identify``, ``simulate``, ``plan``, ``docker-image`` and ``config-schema``.
 
 Only the sub-command named is imported: ``gateway serve`` loads no client tool, and a tool
 loads neither the server nor the config's schema unless it uses them.
@@ -12,6 +12,10 @@ import dataclasses
 import importlib
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,13 +33,22 @@ def _log_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request, one line each")
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, exposure_error, load_config
+def load_or_report(path: str) -> GatewayConfig | None:
+    """The config at ``path``, or None once what is wrong with it is printed (exit status 2)."""
+    from gateway.config import ConfigError, load_config
 
     try:
-        config = load_config(args.config)
+        return load_config(path)
     except ConfigError as error:
         print(f"gateway: config error: {error}", file=sys.stderr)
+        return None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.config import exposure_error
+
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     server = config.server
     if args.host is not None:
@@ -62,12 +75,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_config, worker_token_error
+    from gateway.config import worker_token_error
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as error:
-        print(f"gateway: config error: {error}", file=sys.stderr)
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     worker = config.worker
     if args.listen is not None:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config import GatewayConfig
 from gateway.pipeline.graph import PipelineGraph
 
 POLICIES = ("ours", "fa2", "harpagon", "even")
@@ -268,10 +268,10 @@ def apply(config_path: Path, steps: dict[str, str], choices: dict[str, Any]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as error:
-        print(f"gateway: config error: {error}", file=sys.stderr)
+    from gateway.cli import load_or_report
+
+    config = load_or_report(args.config)
+    if config is None:
         return 2
     if not config.pipelines:
         print("gateway plan: the config has no [pipelines.NAME]", file=sys.stderr)
