@@ -48,7 +48,7 @@ from gateway.control import ControlLoop
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
 from gateway.metrics import GatewayMetrics, ModelTotals
 from gateway.node import build_node_executors
-from gateway.pipeline.runner import PipelineRuntime
+from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
@@ -413,6 +413,19 @@ class Engine:
         self._idle.clear()
         self._carry_out(self.core.on_arrival(queued, self.now))
         return future
+
+    async def answer(
+        self, runtime: ModelRuntime | PipelineRuntime, request: InferRequest, arrival: float
+    ) -> tuple[Result, dict[str, str]]:
+        """Serve a parsed request on its model or pipeline, whichever protocol carried it: the
+        result and its outputs' datatypes; a RequestFailed (a pipeline's step named) otherwise."""
+        if isinstance(runtime, PipelineRuntime):
+            try:
+                result = await runtime.run(self, request, arrival)
+            except StepFailed as error:
+                raise RequestFailed(str(error), error.status, error.outcome) from None
+            return result, runtime.datatypes_of(result.outputs)
+        return await self.submit(runtime, request, arrival), runtime.datatypes
 
     @property
     def active(self) -> int:

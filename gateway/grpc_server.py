@@ -31,7 +31,6 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_bytes
 from gateway.engine import RequestFailed
-from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.protocol import InvalidRequest, parse_infer_request
 
 if TYPE_CHECKING:
@@ -216,13 +215,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 outcome = "too_large" if error.status == 413 else "invalid"
                 raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error)) from None
             try:
-                if isinstance(runtime, PipelineRuntime):
-                    result = await runtime.run(engine, parsed, arrival)
-                    datatypes = runtime.datatypes_of(result.outputs)
-                else:
-                    result = await engine.submit(runtime, parsed, arrival)
-                    datatypes = runtime.datatypes
-            except (RequestFailed, StepFailed) as error:
+                result, datatypes = await engine.answer(runtime, parsed, arrival)
+            except RequestFailed as error:
                 outcome = error.outcome
                 raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)) from None
             outcome = "success"

@@ -26,7 +26,6 @@ from gateway.logs import ACCESS_LOG, AccessLog
 from gateway.metrics import GatewayMetrics, triton_exposition
 from gateway.observe import observe, record_of
 from gateway.openapi import openapi_document
-from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
 from gateway.tracing import RequestTracer, start_tracing
@@ -205,20 +204,14 @@ class Handlers:
 
     # -- KServe v2 --------------------------------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "name": SERVER_NAME,
-                "version": __version__,
-                "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
-            }
-        )
+        return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)})
 
     async def model_stats(self, request: web.Request) -> web.Response:
         runtime = self._runtime(request)
         return web.json_response({"model_stats": [runtime.statistics.to_triton(runtime.name, MODEL_VERSION)]})
 
     async def all_model_stats(self, request: web.Request) -> web.Response:
-        models = sorted(self.engine.models.values(), key=lambda r: r.name)
+        models = sorted([*self.engine.models.values(), *self.engine.pipelines.values()], key=lambda r: r.name)
         return web.json_response({"model_stats": [r.statistics.to_triton(r.name, MODEL_VERSION) for r in models]})
 
     async def live(self, request: web.Request) -> web.Response:
@@ -322,22 +315,14 @@ class Handlers:
             runtime.config.max_batch_size,
             self.limits,
         )
-        datatypes = runtime.datatypes
         record = record_of(request)
         record.name_from_body(parsed.id)
         record.entered_queue()
         try:
-            if isinstance(runtime, PipelineRuntime):
-                result = await runtime.run(self.engine, parsed, arrival)
-                datatypes = runtime.datatypes_of(result.outputs)
-            else:
-                result = await self.engine.submit(runtime, parsed, arrival)
+            result, datatypes = await self.engine.answer(runtime, parsed, arrival)
         except RequestFailed as error:
             record.failed(str(error))
             return error_response(error.status, str(error), error.headers), error.outcome, None
-        except StepFailed as error:
-            record.failed(str(error))
-            return error_response(error.status, str(error)), error.outcome, None
         record.served(result)
         parameters = result.parameters()
         payload, header_length = await self._off_loop(
