@@ -204,7 +204,10 @@ class Engine:
         if config.cluster is not None:
             # A dispatcher: the executors are its workers', handed over as they connect.
             self.cluster = Cluster(
-                config, on_executor=self._add_executor, on_ready_change=lambda e: self._on_executor_change(e.id)
+                config,
+                on_executor=self._add_executor,
+                on_ready_change=lambda e: self._on_executor_change(e.id),
+                has_batch=self._has_batch,
             )
         else:
             node = build_node_executors(config, self._socket_dir, self._on_executor_change)
@@ -566,6 +569,10 @@ class Engine:
             self.live.gpu_signals(now, signal.bad_rate, signal.idle_fraction)
 
     # -- carrying out the core's actions -----------------------------------------------------
+    def _has_batch(self, executor_id: str) -> bool:
+        executor = self.core.executors.get(executor_id)
+        return executor is not None and executor.batch is not None
+
     def _on_executor_change(self, executor_id: str) -> None:
         self._carry_out(self.core.set_executor_ready(executor_id, self.executors[executor_id].ready, self.now))
 

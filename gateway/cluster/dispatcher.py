@@ -43,15 +43,19 @@ class Cluster:
         *,
         on_executor: Callable[[RemoteExecutor], None],
         on_ready_change: Callable[[RemoteExecutor], None],
+        has_batch: Callable[[str], bool] = lambda executor_id: False,
     ):
         """``on_executor`` hears of each executor of a worker once, when first seen;
-        ``on_ready_change`` whenever one may have become ready or stopped being so."""
+        ``on_ready_change`` whenever one may have become ready or stopped being so;
+        ``has_batch(executor_id)``: whether the dispatch core has given it a batch not ended yet
+        (a drain waits for those, sent or not)."""
         assert config.cluster is not None
         self.config: ClusterConfig = config.cluster
         self.token = self.config.token or ""
         self.tls = client_context(self.config.tls_ca) if self.config.tls_ca is not None else None
         self.name = self.config.name or f"{socket.gethostname()}-{os.getpid()}"
         self.on_executor, self.on_ready_change = on_executor, on_ready_change
+        self.has_batch = has_batch
         #: Replicas wanted per model with a CPU executor (None: one on every worker that holds it).
         self.replicas: dict[str, int | None] = {name: m.replicas for name, m in config.models.items() if m.cpu is not None}
         self.placed: dict[str, list[str]] = {name: [] for name in self.replicas}
@@ -145,7 +149,7 @@ class Cluster:
                 task.add_done_callback(self._drains.discard)
 
     async def _drain(self, link: WorkerLink) -> None:
-        await link.drain(DRAIN_TIMEOUT_S)
+        await link.drain(DRAIN_TIMEOUT_S, self.has_batch)
         if self.links.get(link.address) is link:
             del self.links[link.address]
         self._place()

@@ -178,12 +178,18 @@ class WorkerLink:
                 await self._task
         self._down("the dispatcher let the worker go")
 
-    async def drain(self, timeout_s: float) -> None:
-        """Send nothing new; let the batches in flight end (at most ``timeout_s``); then stop."""
+    async def drain(self, timeout_s: float, has_batch: Callable[[str], bool] = lambda executor_id: False) -> None:
+        """Send nothing new; let the batches in flight end (at most ``timeout_s``); then stop.
+        ``has_batch(executor_id)``: a batch given to the executor and not ended, which may not
+        have reached the connection yet (its task has not run): the drain waits for it too."""
         self.draining = True
         self.on_change(self, list(self.executors.values()))
         deadline = time.perf_counter() + timeout_s
-        while self.in_flight and time.perf_counter() < deadline:
+
+        def busy() -> bool:
+            return bool(self.in_flight) or any(has_batch(executor.id) for executor in self.executors.values())
+
+        while busy() and time.perf_counter() < deadline:
             await asyncio.sleep(0.05)
         await self.stop()
 
