@@ -107,7 +107,7 @@ class Result:
 @dataclass
 class ModelRuntime:
     config: ModelConfig
-    sla_ms: float
+    sla_ms: float  # the config's, until the admin API changes it
     executors: list[SupervisedExecutor]  # its own, on the CPU: none for a GPU-only model
     gpu_executors: list[SupervisedExecutor] = field(default_factory=list)  # the node's, shared by every model
     signature: ModelSignature | None = None
@@ -125,6 +125,10 @@ class ModelRuntime:
     devices: dict[str, int] = field(default_factory=dict)  # requests served, by device
     received: int = 0  # infer requests received; each ends in exactly one of ``outcomes``
     statistics: ModelStatistics = field(default_factory=ModelStatistics)  # Triton's, since start
+    dispatch_batch: int = 0  # a planned CPU batch size; 0 until set: the config's
+
+    def __post_init__(self) -> None:
+        self.dispatch_batch = self.dispatch_batch or self.config.dispatch_batch
 
     def close_window(self, now: float, served: Window, demanded: float, granted: float) -> None:
         """ROMA's violation (Section 5): the mean response time of a control window over the SLA,
@@ -368,7 +372,7 @@ class Engine:
                 drop_late=runtime.config.drop_late,
                 cpu_profile=runtime.cpu_profile,
                 gpu_profile=runtime.gpu_profile,
-                dispatch_batch=runtime.config.dispatch_batch,
+                dispatch_batch=runtime.dispatch_batch,
             )
         for executor in self.gpu_executors:
             log.info(
@@ -486,6 +490,18 @@ class Engine:
             self.core.set_sla(runtime.name, sla_ms)
         self.metrics.sla_seconds.labels(runtime.name).set(sla_ms / 1000)
         log.info("model %s: SLA set to %g ms", runtime.name, sla_ms)
+
+    def set_dispatch_batch(self, runtime: ModelRuntime, rows: int) -> None:
+        """A planned CPU batch size (Harpagon's batch-aware dispatch; 1: none), at most max_batch_size."""
+        limit = runtime.config.max_batch_size if runtime.signature is not None and runtime.signature.batchable else 1
+        if not 1 <= rows <= limit:
+            raise InvalidRequest(
+                f"dispatch_batch must be from 1 to model '{runtime.name}''s max_batch_size, {limit} (fixed at start)"
+            )
+        runtime.dispatch_batch = rows
+        if runtime.name in self.core.models:
+            self._carry_out(self.core.set_dispatch_batch(runtime.name, rows, self.now))
+        log.info("model %s: dispatch_batch set to %d", runtime.name, rows)
 
     def set_replicas(self, runtime: ModelRuntime, replicas: int | None) -> None:
         """How many workers run the model's CPU executor (None: every worker that holds it)."""
@@ -716,6 +732,7 @@ class Engine:
             "sla_ms": runtime.sla_ms,
             "queue_length": self.core.queue_length(runtime.name) if runtime.name in self.core.models else 0,
             "max_batch_size": runtime.config.max_batch_size if runtime.signature and runtime.signature.batchable else 0,
+            "dispatch_batch": runtime.dispatch_batch,
             "ready": runtime.ready,
             "pinned_cores": self.control.pinned.get(runtime.name) if self.control is not None else None,
             "executors": [e.describe() for e in runtime.serving_executors],

@@ -202,6 +202,17 @@ def openapi_document(version: str) -> dict[str, Any]:
                 }
             },
         },
+        "SetDispatchBatch": {
+            "type": "object",
+            "required": ["dispatch_batch"],
+            "properties": {
+                "dispatch_batch": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "rows a CPU batch waits for (batch-aware dispatch; 1: none), at most max_batch_size",
+                }
+            },
+        },
         "ModelState": {"type": "object", "required": ["name", "sla_ms", "executors", "stats"]},
         # Triton's statistics extension (extension_statistics.md): $stats_model_response.
         "Duration": {

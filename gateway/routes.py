@@ -177,6 +177,15 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "PUT",
+        "/admin/models/{model}/dispatch_batch",
+        "admin_set_dispatch_batch",
+        "Change the model's planned CPU batch size at run time (what `gateway plan` chooses)",
+        MODEL_STATE,
+        (400, 404),
+        body="SetDispatchBatch",
+    ),
+    Route(
+        "PUT",
         "/admin/models/{model}/replicas",
         "admin_set_replicas",
         "A dispatcher's replicas of the model: how many workers run its CPU executor (null: every one)",

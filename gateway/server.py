@@ -389,6 +389,16 @@ class Handlers:
         self.engine.set_replicas(runtime, replicas)
         return web.json_response(self.engine.describe(runtime))
 
+    async def admin_set_dispatch_batch(self, request: web.Request) -> web.Response:
+        """A planned CPU batch size ({"dispatch_batch": 4}; 1: none), at most the model's max_batch_size."""
+        runtime = self._runtime(request)
+        body = await self._json_body(request)
+        rows = body.get("dispatch_batch", ...) if isinstance(body, dict) else ...
+        if type(rows) is not int:
+            raise InvalidRequest('the body must be {"dispatch_batch": N} with N a whole number from 1')
+        self.engine.set_dispatch_batch(runtime, rows)
+        return web.json_response(self.engine.describe(runtime))
+
     async def admin_cluster(self, request: web.Request) -> web.Response:
         if self.engine.cluster is None:
             raise InvalidRequest("this gateway serves alone: it has no cluster ([cluster] in its config)")

@@ -10,7 +10,7 @@ import math
 
 from planner.pipeline import Pipeline
 from planner.plan_types import LATENCY_TOLERANCE_S, Plan, plan_from_choices
-from planner.step_options import StepChoice, all_choices, step_frontiers, worst_case_latency
+from planner.step_options import StepChoice, all_choices, instances_needed, step_frontiers, step_latency
 
 MAX_EXTRA_INSTANCES = 2  # without pruning: also n_min + 1 and n_min + 2 instances per configuration
 
@@ -18,16 +18,28 @@ MAX_EXTRA_INSTANCES = 2  # without pruning: also n_min + 1 and n_min + 2 instanc
 def _every_configuration(pipeline: Pipeline, step: str) -> list[StepChoice]:
     rate = pipeline.step_rate(step)
     found = []
-    for least in all_choices(pipeline, step):
+    for least in (c for c in all_choices(pipeline, step) if c.instances == min_instances(pipeline, step, c)):
         device = next(d for d in pipeline.step(step).devices if d.name == least.device)
         duration = device.latency.duration(least.batch)
         for extra in range(MAX_EXTRA_INSTANCES + 1):
             n = least.instances + extra
             assert n * least.batch / duration >= rate * (1 - 1e-9)
             found.append(
-                StepChoice(step, device.name, least.batch, n, worst_case_latency(duration, least.batch, rate), n * device.price)
+                StepChoice(
+                    step,
+                    device.name,
+                    least.batch,
+                    n,
+                    step_latency(duration, least.batch, rate, n, pipeline.arrivals),
+                    n * device.price,
+                )
             )
     return found
+
+
+def min_instances(pipeline: Pipeline, step: str, option: StepChoice) -> int:
+    device = next(d for d in pipeline.step(step).devices if d.name == option.device)
+    return instances_needed(pipeline.step_rate(step), option.batch / device.latency.duration(option.batch))
 
 
 def brute_force_plan(pipeline: Pipeline, prune: bool = True) -> Plan | None:

@@ -46,12 +46,18 @@ class Path:
     sla_s: float
 
 
+# How requests arrive, for a step's worst case: evenly spaced (FA2's and Harpagon's model) or
+# Poisson (planner/queueing.py, our addition: a percentile of the queue's wait is planned for).
+EVEN, POISSON = "even", "poisson"
+
+
 @dataclass(frozen=True)
 class Pipeline:
     steps: tuple[Step, ...]
     edges: tuple[tuple[str, str], ...]
     paths: tuple[Path, ...]
     rate: float
+    arrivals: str = EVEN
     _by_name: dict[str, Step] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +73,8 @@ class Pipeline:
                 raise ValueError(f"path {path.steps} names an unknown step")
             if any((a, b) not in edge_set for a, b in zip(path.steps, path.steps[1:], strict=False)):
                 raise ValueError(f"path {path.steps} follows a missing edge")
+        if self.arrivals not in (EVEN, POISSON):
+            raise ValueError(f"arrivals must be {EVEN!r} or {POISSON!r}, not {self.arrivals!r}")
         object.__setattr__(self, "_by_name", by_name)
 
     def step(self, name: str) -> Step:

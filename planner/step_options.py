@@ -6,6 +6,10 @@ n x the device's price, and its worst-case latency under batch-aware dispatch fr
 d(b) + (b - 1) / lambda: the first request of a batch waits for b - 1 more (FA2 eq. (2)) and, with
 n instances taking whole batches in turn, an instance is free when its next batch is complete
 (FA2 Section IV-B; Harpagon's Theorem 1 with one configuration writes the collection time b / w).
+
+Where the pipeline's arrivals are Poisson (our addition, planner/queueing.py) the latency is a
+percentile instead: d(b), the batch's collection and its wait for an instance; a configuration may
+then also take one or two instances past the fewest stable ones, which shortens the wait.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.pipeline import Device, Pipeline
+from planner.pipeline import POISSON, Device, Pipeline
+from planner.queueing import poisson_latency_s
 
 # Rates times seconds come out as 4.000000000001 instances; this much is taken for rounding.
 ROUNDING = 1e-9
+# Under Poisson arrivals, instances past the fewest stable ones tried per configuration.
+EXTRA_INSTANCES_POISSON = 2
 
 
 @dataclass(frozen=True)
@@ -38,15 +45,29 @@ def worst_case_latency(duration_s: float, batch: int, rate: float) -> float:
     return duration_s + (batch - 1) / rate
 
 
-def choice(step: str, device: Device, batch: int, rate: float) -> StepChoice:
+def step_latency(duration_s: float, batch: int, rate: float, instances: int, arrivals: str) -> float:
+    """The step's planned latency: the worst case of evenly spaced arrivals, or Poisson's percentile."""
+    if arrivals == POISSON:
+        return poisson_latency_s(duration_s, batch, rate, instances)
+    return worst_case_latency(duration_s, batch, rate)
+
+
+def choice(step: str, device: Device, batch: int, rate: float, arrivals: str = "even", extra: int = 0) -> StepChoice:
     duration = device.latency.duration(batch)
-    instances = instances_needed(rate, batch / duration)
-    return StepChoice(step, device.name, batch, instances, worst_case_latency(duration, batch, rate), instances * device.price)
+    instances = instances_needed(rate, batch / duration) + extra
+    latency = step_latency(duration, batch, rate, instances, arrivals)
+    return StepChoice(step, device.name, batch, instances, latency, instances * device.price)
 
 
 def all_choices(pipeline: Pipeline, step: str) -> list[StepChoice]:
     rate = pipeline.step_rate(step)
-    return [choice(step, device, batch, rate) for device in pipeline.step(step).devices for batch in device.batch_sizes]
+    extras = range(EXTRA_INSTANCES_POISSON + 1) if pipeline.arrivals == POISSON else (0,)
+    return [
+        choice(step, device, batch, rate, pipeline.arrivals, extra)
+        for device in pipeline.step(step).devices
+        for batch in device.batch_sizes
+        for extra in extras
+    ]
 
 
 def frontier(choices: list[StepChoice]) -> list[StepChoice]:

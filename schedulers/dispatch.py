@@ -196,6 +196,15 @@ class DispatchCore:
         if self.gpu_scheduler is not None and model in self.gpu_scheduler.models:
             self.gpu_scheduler.models[model].sla_ms = sla_ms
 
+    def set_dispatch_batch(self, model: str, rows: int, now: float) -> list[Action]:
+        """A planned CPU batch size from now on (1: none, the first free executor takes what is
+        queued); the queue is looked at again, since a batch it waited for may now be due."""
+        state = self.models[model]
+        state.dispatch_batch = rows
+        state.watched = None
+        self._touched[model] = state
+        return self._pump(now)
+
     # -- events -------------------------------------------------------------------------------
     def on_arrival(self, request: Request, now: float) -> list[Action]:
         """Admit ``request`` (its arrival, rows, batch key, own timeout and payload set) or refuse it."""

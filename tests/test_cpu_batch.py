@@ -137,3 +137,12 @@ def test_planned_rows_and_due_time_pure():
     assert dispatch_due(profile, queued_rows=4, planned=4, head_deadline=1.0) == -math.inf
     assert dispatch_due(profile, queued_rows=1, planned=4, head_deadline=1.0) == pytest.approx(0.982)
     assert dispatch_due(None, queued_rows=1, planned=4, head_deadline=1.0) == -math.inf
+
+
+def test_a_plan_changed_at_run_time_takes_effect_on_what_is_queued():
+    core = planned_core(planned=4)
+    core.on_arrival(Request(0, "m", 0.0), 0.0)
+    core.on_arrival(Request(1, "m", 0.001), 0.001)
+    # Two rows wait for a batch of four; a plan of two lets them go at once, whole.
+    (start,) = starts(core.set_dispatch_batch("m", 2, 0.002))
+    assert [r.id for r in start.batch.requests] == [0, 1]

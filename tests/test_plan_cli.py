@@ -11,6 +11,7 @@ import tomllib
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.http as triton
 from PIL import Image
 
@@ -82,3 +83,24 @@ def test_the_plan_is_written_into_the_config_and_served(ocr_copy):
         assert [t.decode().replace(" ", "") for t in texts] == ["Servedas", "planned"]
         assert gateway.admin("ppocr_rec")["sla_ms"] == pytest.approx(models["ppocr_rec"]["sla_ms"])
     assert np.isfinite(result["planner_ms"])
+
+
+def test_the_plan_is_set_on_a_running_gateway_through_the_admin_api(ocr_copy):
+    with run_gateway(ocr_copy / "ocr.toml") as gateway:
+        result = plan(ocr_copy, "--apply-to", gateway.base)
+        for row in result["steps"]:
+            described = gateway.admin(row["model"])
+            assert described["sla_ms"] == pytest.approx(row["worst_case_ms"], abs=0.1)
+            assert described["pinned_cores"] == pytest.approx(float(row["device"].split(":")[1]) * row["instances"])
+            assert described["dispatch_batch"] == row["batch"]
+        # And it serves as set.
+        image = render(["Set at", "run time"])
+        tensor = triton.InferInput("image", list(image.shape), "UINT8")
+        tensor.set_data_from_numpy(image)
+        texts = triton.InferenceServerClient(gateway.url, network_timeout=120).infer("ocr", [tensor]).as_numpy("text")
+        assert [t.decode().replace(" ", "") for t in texts] == ["Setat", "runtime"]
+        # A planned batch over what the model was started with is refused before anything is set.
+        put = requests.put(f"{gateway.base}/admin/models/ppocr_det/dispatch_batch", json={"dispatch_batch": 2}, timeout=10)
+        assert put.status_code == 400 and "max_batch_size" in put.json()["error"]
+        put = requests.put(f"{gateway.base}/admin/models/ppocr_rec/dispatch_batch", json={"dispatch_batch": "4"}, timeout=10)
+        assert put.status_code == 400 and "dispatch_batch" in put.json()["error"]

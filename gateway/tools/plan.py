@@ -1,7 +1,8 @@
 """``gateway plan``: for each model step of a pipeline, the device, cores, instances and batch size
 that serve a request rate within every path's SLA at the least cost (planner/: FA2's dynamic
 program over Harpagon's configurations, or either paper alone, or an even split of the SLA), from
-the latency profiles a running gateway measured; ``--apply`` writes the plan into the config.
+the latency profiles a running gateway measured; ``--apply`` writes the plan into the config,
+``--apply-to URL`` sets it on a running gateway through its admin API.
 
 Profiles: each model step's l(b) on one core, measured here with ONNX Runtime (one intra-op
 thread) on the inputs the step really gets: the pipeline is run by hand on ``--sample`` (an image
@@ -12,8 +13,14 @@ cores is read as 1/c of that time (a quota below one core stretches the run, thr
 share it), and the points are fitted with FA2's quadratic. Or ``--profiles URL``: the l(b) points
 a running gateway measured (``GET /admin/models/{m}``, ``profiles.cpu.measured_ms``) at its
 executors' cores, where those were held fixed.
-The function steps between models cost no executor: ``--functions-ms`` (what they take, in all,
-on a path) is kept out of every path's SLA before the models share it.
+The function steps between models cost no executor: what they take on the sample (each timed
+there; or ``--functions-ms`` on every path) is kept out of each path's SLA before the models share
+it, and the cores they take in the gateway's process at the rate are printed beside the plan.
+
+Arrivals: ours and the even split plan each step's latency at the 99th percentile of Poisson
+arrivals (planner/queueing.py: the batch's collection and its wait for an instance, which the
+papers' worst case leaves out); ``--arrivals even`` gives them the papers' model, which FA2 and
+Harpagon alone always use.
 
 What ``--apply`` writes for a step's model: ``sla_ms`` its latency budget (the step's worst case
 in the plan: the model's queue and schedulers then hold that step to it), ``max_batch_size`` at
@@ -29,8 +36,9 @@ import json
 import math
 import sys
 import time
+import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +61,15 @@ class MeasuredModel:
     rows: float = 1.0  # rows the model gets per request of the pipeline (text lines per image, say)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What the planner is given: each model's profile, and each function step's ms per request
+    (measured on the sample; empty from ``--profiles``)."""
+
+    models: dict[str, MeasuredModel]
+    functions_ms: dict[str, float]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config")
     parser.add_argument("--rate", type=float, required=True, help="the pipeline's requests per second")
@@ -66,8 +83,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=POLICIES, default="ours")
     parser.add_argument("--cores", default=",".join(f"{c:g}" for c in DEFAULT_CORES), help="core counts a CPU instance may have")
     parser.add_argument("--gpu-price", type=float, default=8.0, help="a GPU's cost in cores")
-    parser.add_argument("--functions-ms", type=float, default=0.0, help="time the function steps take on a path")
+    parser.add_argument(
+        "--functions-ms",
+        type=float,
+        help="time the function steps take on a path (default: as measured on --sample, else 0)",
+    )
+    parser.add_argument(
+        "--arrivals",
+        choices=("poisson", "even"),
+        default="poisson",
+        help="ours and even: plan a percentile of the queues under Poisson arrivals (default), or the "
+        "papers' worst case of evenly spaced ones; fa2 and harpagon always use the papers' model",
+    )
     parser.add_argument("--apply", action="store_true", help="write the plan into the config file")
+    parser.add_argument(
+        "--apply-to",
+        metavar="URL",
+        help="set the plan on a running gateway through its admin API (each model's SLA, cores and dispatch_batch)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -100,11 +133,10 @@ def sample_inputs(path: str, graph: PipelineGraph) -> dict[str, np.ndarray]:
     return {spec.name: np.asarray(Image.open(path).convert("RGB"))}
 
 
-def measure_steps(
-    config: GatewayConfig, graph: PipelineGraph, inputs: dict[str, np.ndarray], runs: int = 3
-) -> dict[str, MeasuredModel]:
-    """Run the pipeline by hand on ``inputs``, then time each model on its step's real input at
-    batch sizes 1, 2, 4, ... (one intra-op thread: one core), the median of ``runs``."""
+def measure_steps(config: GatewayConfig, graph: PipelineGraph, inputs: dict[str, np.ndarray], runs: int = 3) -> Measured:
+    """Run the pipeline by hand on ``inputs`` (each function step timed, the median of ``runs``),
+    then time each model on its step's real input at batch sizes 1, 2, 4, ... (one intra-op
+    thread: one core), the median of ``runs``."""
     import onnxruntime as ort
 
     from gateway.pipeline.functions import load_function
@@ -112,13 +144,19 @@ def measure_steps(
     base = config.source.resolve().parent
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    sessions, fed = {}, {}
+    sessions, fed, functions_ms = {}, {}, {}
     tensors = {f"request/{k}": v for k, v in inputs.items()}
     for name in graph.order:
         step = next(s for s in graph.table.steps if s.name == name)
         arrays = {k: tensors[source] for k, source in step.inputs.items()}
         if step.function is not None:
-            outputs = load_function(step.function, base)(arrays)
+            function = load_function(step.function, base)
+            times = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                outputs = function(arrays)
+                times.append((time.perf_counter() - started) * 1000)
+            functions_ms[name] = sorted(times)[len(times) // 2]
         else:
             session = sessions.setdefault(step.model, ort.InferenceSession(str(config.models[step.model].path), options))
             arrays = {i.name: arrays[i.name] for i in session.get_inputs()}
@@ -142,12 +180,15 @@ def measure_steps(
             batch *= 2
         rows_fed = next(iter(arrays.values())).shape[0]
         measured[model] = MeasuredModel(cores=1.0, cpu_ms=points, gpu_ms={}, rows=float(rows_fed))
-    return measured
+    return Measured(measured, functions_ms)
 
 
-def model_steps(graph: PipelineGraph) -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[tuple[str, ...], float]]]:
+def model_steps(
+    graph: PipelineGraph, functions_ms: dict[str, float] | None = None
+) -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[tuple[str, ...], float]]]:
     """The steps that run models (step -> model), the edges between them through function steps,
-    and the paths (model steps only) with their SLAs in ms."""
+    and the paths (model steps only) with their SLAs in ms: each less the function steps'
+    ``functions_ms`` on the pipeline's paths that run its models (the most of those)."""
     steps = {s.name: s.model for s in graph.table.steps if s.model is not None}
 
     def model_ancestors(step: str) -> set[str]:
@@ -162,7 +203,8 @@ def model_steps(graph: PipelineGraph) -> tuple[dict[str, str], list[tuple[str, s
     given: dict[tuple[str, ...], float] = {}
     for path, sla_ms in graph.paths():
         only = tuple(s for s in path if s in steps)
-        given[only] = min(sla_ms, given.get(only, math.inf))
+        left = sla_ms - sum((functions_ms or {}).get(s, 0.0) for s in path)
+        given[only] = min(left, given.get(only, math.inf))
     children = {s: [b for a, b in edges if a == s] for s in steps}
     entries = [s for s in steps if not any(b == s for _, b in edges)]
     paths: dict[tuple[str, ...], float] = {}
@@ -178,32 +220,48 @@ def model_steps(graph: PipelineGraph) -> tuple[dict[str, str], list[tuple[str, s
     return steps, edges, list(paths.items())
 
 
-def build_pipeline(graph, measured, rate, cores, gpu_price, functions_ms, max_batch):  # noqa: ANN001
-    """The planner's input (planner.pipeline.Pipeline) for the pipeline's model steps."""
+def build_pipeline(graph, measured, rate, cores, gpu_price, functions_ms, max_batch, arrivals="even"):  # noqa: ANN001
+    """The planner's input (planner.pipeline.Pipeline) for the pipeline's model steps:
+    ``functions_ms`` the function steps' ms (step -> ms), or a number for every path."""
     from planner.latency_model import LatencyModel
     from planner.pipeline import Device, Path, Pipeline, Step
 
-    steps, edges, paths = model_steps(graph)
+    per_step = functions_ms if isinstance(functions_ms, dict) else None
+    flat_ms = 0.0 if per_step is not None else float(functions_ms)
+    steps, edges, paths = model_steps(graph, per_step)
     planned = []
     for step, model in steps.items():
         profile = measured[model]
+        # A request's rows at a step (text lines of an image) are not split: they reach the model
+        # together and wait for one another. So the step is planned in requests: a batch of k
+        # requests is k r rows, d(k) = d_rows(k r), at the pipeline's rate (times the share of
+        # requests that reach it where a request brings under one row on average).
+        per_request = max(1.0, profile.rows)
+        sizes = tuple(k for k in (1, 2, 4, 8, 16, 32) if k == 1 or math.ceil(k * per_request) <= max_batch[model])
+
+        def in_requests(rows_model: LatencyModel, scale: float = 1.0, r: float = per_request) -> LatencyModel:
+            quadratic, per_item = rows_model.quadratic_s * r * r, rows_model.per_item_s * r
+            return LatencyModel(quadratic * scale, per_item * scale, rows_model.fixed_s * scale)
+
         devices = []
-        sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch[model])
         if profile.cpu_ms:
             base = LatencyModel.fit([(b, ms / 1000) for b, ms in profile.cpu_ms.items()])
             for c in cores:
-                scale = profile.cores / c  # cores past the measured ones make it that much faster
-                latency = LatencyModel(base.quadratic_s * scale, base.per_item_s * scale, base.fixed_s * scale)
-                devices.append(Device(f"cpu:{c:g}", c, latency, sizes))
+                # cores past the measured ones make it that much faster
+                devices.append(Device(f"cpu:{c:g}", c, in_requests(base, profile.cores / c), sizes))
         if profile.gpu_ms:
-            devices.append(
-                Device("gpu", gpu_price, LatencyModel.fit([(b, ms / 1000) for b, ms in profile.gpu_ms.items()]), sizes)
-            )
+            gpu = LatencyModel.fit([(b, ms / 1000) for b, ms in profile.gpu_ms.items()])
+            devices.append(Device("gpu", gpu_price, in_requests(gpu), sizes))
         if not devices:
             raise SystemExit(f"gateway plan: model '{model}' has no measured profile yet: serve the pipeline first")
-        # A step runs as many rows as the pipeline's request gives it (FA2's lambda_s / lambda).
-        planned.append(Step(step, tuple(devices), rate_share=profile.rows))
-    return Pipeline(tuple(planned), tuple(edges), tuple(Path(p, (sla - functions_ms) / 1000) for p, sla in paths), rate), steps
+        planned.append(Step(step, tuple(devices), rate_share=profile.rows / per_request))
+    planned_paths = tuple(Path(p, (sla - flat_ms) / 1000) for p, sla in paths)
+    return Pipeline(tuple(planned), tuple(edges), planned_paths, rate, arrivals), steps
+
+
+def batch_rows(batch_requests: int, rows: float) -> int:
+    """The rows of a planned batch of requests that bring ``rows`` each (the config's batch sizes count rows)."""
+    return max(1, math.ceil(batch_requests * max(1.0, rows) - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -267,6 +325,46 @@ def apply(config_path: Path, steps: dict[str, str], choices: dict[str, Any]) -> 
     config_path.write_text(tomlkit.dumps(document))
 
 
+def _admin(url: str, method: str, path: str, token: str | None, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        raise SystemExit(f"gateway plan: {method} {path} answered {error.code}: {error.read().decode()[:300]}") from None
+
+
+def apply_to(url: str, token: str | None, steps: dict[str, str], choices: dict[str, Any]) -> list[str]:
+    """Set each step's plan on a running gateway: its model's SLA (the step's budget), pinned cores
+    (instances x cores) and dispatch_batch. Every model is checked first (known, a CPU executor,
+    max_batch_size, fixed at start, room for the planned batch), so a plan is set whole or not at all."""
+    wanted = []
+    for step, model in steps.items():
+        choice = choices[step]
+        described = _admin(url, "GET", f"/admin/models/{model}", token)
+        if not choice.device.startswith("cpu:"):
+            raise SystemExit(f"gateway plan: step {step} is planned on a GPU; only CPU plans are set at run time")
+        limit = int(described.get("max_batch_size") or 1)
+        if choice.batch > limit:
+            raise SystemExit(
+                f"gateway plan: model '{model}' takes batches of at most {limit} rows (max_batch_size, fixed at "
+                f"start) and the plan wants {choice.batch}: write it with --apply and restart"
+            )
+        cores = float(choice.device.split(":", 1)[1]) * choice.instances
+        wanted.append((model, round(choice.latency_s * 1000, 1), cores, choice.batch))
+    done = []
+    for model, sla_ms, cores, batch in wanted:
+        _admin(url, "PUT", f"/admin/models/{model}/sla", token, {"sla_ms": sla_ms})
+        _admin(url, "PUT", f"/admin/models/{model}/cores", token, {"cores": cores})
+        _admin(url, "PUT", f"/admin/models/{model}/dispatch_batch", token, {"dispatch_batch": batch})
+        done.append(f"{model}: sla_ms {sla_ms:g}, cores {cores:g}, dispatch_batch {batch}")
+    return done
+
+
 def run(args: argparse.Namespace) -> int:
     from gateway.cli import load_or_report
 
@@ -293,21 +391,31 @@ def run(args: argparse.Namespace) -> int:
     if args.sample is not None:
         measured = measure_steps(config, graph, sample_inputs(args.sample, graph))
     else:
-        measured = fetch_profiles(args.profiles, models, args.token)
+        measured = Measured(fetch_profiles(args.profiles, models, args.token), {})
     cores = tuple(float(c) for c in args.cores.split(","))
     max_batch = {m: config.models[m].max_batch_size for m in models}
-    pipeline, steps = build_pipeline(graph, measured, args.rate, cores, args.gpu_price, args.functions_ms, max_batch)
+    functions = measured.functions_ms if args.functions_ms is None else args.functions_ms
+    # The papers' planners keep the papers' model of evenly spaced arrivals.
+    arrivals = args.arrivals if args.policy in ("ours", "even") else "even"
+    pipeline, steps = build_pipeline(graph, measured.models, args.rate, cores, args.gpu_price, functions, max_batch, arrivals)
+    # The function steps run in the gateway's own process, outside every executor's cores.
+    gateway_cores = args.rate * sum(measured.functions_ms.values()) / 1000
     started = time.perf_counter()
-    choices = run_planner(args.policy, pipeline)
+    planned = run_planner(args.policy, pipeline)
     took_ms = (time.perf_counter() - started) * 1000
+    # Planned in requests, written and shown in rows (what max_batch_size and dispatch_batch count).
+    choices = {s: replace(c, batch=batch_rows(c.batch, measured.models[steps[s]].rows)) for s, c in planned.items()}
     rows = [
-        {"step": s, "model": steps[s], "device": c.device, "batch": c.batch, "instances": c.instances,
+        {"step": s, "model": steps[s], "device": c.device, "batch": c.batch, "batch_requests": planned[s].batch,
+         "instances": c.instances,
          "worst_case_ms": round(c.latency_s * 1000, 2), "cost": round(c.cost, 3)}
         for s, c in choices.items()
     ]  # fmt: skip
     paths = [{"steps": list(p.steps), "sla_ms": round(p.sla_s * 1000, 2),
               "worst_case_ms": round(sum(choices[s].latency_s for s in p.steps) * 1000, 2)} for p in pipeline.paths]  # fmt: skip
-    result = {"pipeline": name, "policy": args.policy, "rate": args.rate, "steps": rows, "paths": paths,
+    result = {"pipeline": name, "policy": args.policy, "rate": args.rate, "arrivals": arrivals, "steps": rows,
+              "paths": paths, "functions_ms": {k: round(v, 3) for k, v in measured.functions_ms.items()},
+              "gateway_cores": round(gateway_cores, 3),
               "cost": round(sum(c.cost for c in choices.values()), 3), "planner_ms": round(took_ms, 3)}  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
@@ -321,7 +429,13 @@ def run(args: argparse.Namespace) -> int:
         for path in paths:
             print(f"path {' -> '.join(path['steps'])}: worst case {path['worst_case_ms']} ms of {path['sla_ms']} ms")
         print(f"cost: {result['cost']} cores")
+        if measured.functions_ms:
+            spent = ", ".join(f"{k} {v:.1f} ms" for k, v in measured.functions_ms.items())
+            print(f"function steps (in the gateway's process): {spent}; about {gateway_cores:.2f} cores at this rate")
     if args.apply:
         apply(Path(args.config), steps, choices)
         print(f"written into {args.config}", file=sys.stderr)
+    if args.apply_to:
+        for line in apply_to(args.apply_to, args.token, steps, choices):
+            print(f"set on {args.apply_to}: {line}", file=sys.stderr)
     return 0
