@@ -418,7 +418,7 @@ class Engine:
         # queue at once (or its result is discarded), and drain no longer waits for it.
         future.add_done_callback(lambda f, gone=queued: f.cancelled() and self._client_gone(gone))
         self._idle.clear()
-        self._carry_out(self.core.on_arrival(queued, self.now))
+        self._carry_out(self.core.on_arrival(queued, self.now), queued.model)
         return future
 
     async def answer(
@@ -500,7 +500,7 @@ class Engine:
             )
         runtime.dispatch_batch = rows
         if runtime.name in self.core.models:
-            self._carry_out(self.core.set_dispatch_batch(runtime.name, rows, self.now))
+            self._carry_out(self.core.set_dispatch_batch(runtime.name, rows, self.now), runtime.name)
         log.info("model %s: dispatch_batch set to %d", runtime.name, rows)
 
     def set_replicas(self, runtime: ModelRuntime, replicas: int | None) -> None:
@@ -596,9 +596,13 @@ class Engine:
         self._timer, self._timer_at = None, float("inf")
         self._carry_out(self.core.on_timer(self.now))
 
-    def _carry_out(self, actions: Iterable[Action]) -> None:
+    def _carry_out(self, actions: Iterable[Action], model: str | None = None) -> None:
+        """Carry out the core's actions; ``model``: one whose queue the event itself changed (an
+        arrival, a client gone). The queue gauges of the models touched are set anew after."""
+        touched = {model} if model is not None else set()
         for action in actions:
             if isinstance(action, Start):
+                touched.add(action.batch.model)
                 task = asyncio.create_task(self._run_batch(action.batch))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -609,14 +613,16 @@ class Engine:
             elif isinstance(action, Fail):
                 error = RequestFailed(action.message, action.status, action.outcome, dict(action.headers))
                 for request in action.requests:
+                    touched.add(request.model)
                     self._settle(request.id, error=error)
             elif isinstance(action, WakeAt):
                 self._wake_at(action.time)
         now = self.now
-        for name in self.core.models:
-            length = self.core.queue_length(name)
-            self.metrics.for_model(name).queue_length.set(length)
-            self.live.queue(name, now, length, self.models[name].sla_ms)
+        for name in touched:
+            if name in self.core.models:
+                length = self.core.queue_length(name)
+                self.metrics.for_model(name).queue_length.set(length)
+                self.live.queue(name, now, length, self.models[name].sla_ms)
 
     def _cpu_work_started(self, runtime: ModelRuntime) -> None:
         """A CPU executor started a batch: work is reaching it, from the clients or spilled by
@@ -642,7 +648,7 @@ class Engine:
 
     def _client_gone(self, request: Request) -> None:
         self._settle(request.id)
-        self._carry_out(self.core.cancel(request, self.now))
+        self._carry_out(self.core.cancel(request, self.now), request.model)
 
     def _settle(self, request_id: int, result: Result | None = None, error: RequestFailed | None = None) -> None:
         future = self._futures.pop(request_id, None)

@@ -11,9 +11,9 @@ the request's spans (gateway/tracing.py): both are written from the same timesta
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,7 +44,8 @@ def usable_request_id(value: object) -> str | None:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    # 128 random bits in 32 hex digits, as uuid4().hex without building a UUID on every request.
+    return os.urandom(16).hex()
 
 
 @dataclass
