@@ -373,6 +373,8 @@ class Engine:
                 cpu_profile=runtime.cpu_profile,
                 gpu_profile=runtime.gpu_profile,
                 dispatch_batch=runtime.dispatch_batch,
+                priority_levels=runtime.config.priority_levels,
+                priority_bound_ms=runtime.config.priority_bound,
             )
         for executor in self.gpu_executors:
             log.info(
@@ -402,8 +404,14 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------
     def submit(self, runtime: ModelRuntime, request: InferRequest, arrival: float) -> asyncio.Future[Result]:
         """Hand a parsed request to the dispatch core; the future ends with a Result or a RequestFailed."""
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         assert runtime.signature is not None
+        levels = runtime.config.priority_levels
+        if request.priority > levels:
+            raise InvalidRequest(
+                f"parameter 'priority' is {request.priority}; model '{runtime.name}' has priority levels 1 to {levels} "
+                "(priority_levels; 0: its default)"
+            )
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         queued = Request(
             next(self._ids),
             runtime.name,
@@ -411,6 +419,7 @@ class Engine:
             rows=request.rows,
             batch_key=batch_key(request.inputs) if runtime.signature.batchable else (),
             timeout_s=request.timeout_us / 1e6 if request.timeout_us else None,
+            priority=request.priority or runtime.config.default_level,
             payload=request,
         )
         self._futures[queued.id] = future

@@ -216,6 +216,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error)) from None
             try:
                 result, datatypes = await engine.answer(runtime, parsed, arrival)
+            except InvalidRequest as error:  # what only the model's settings refuse (its priority levels)
+                outcome = "invalid"
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
             except RequestFailed as error:
                 outcome = error.outcome
                 raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)) from None

@@ -63,6 +63,7 @@ class InferRequest:
     rows: int  # length of the batch dimension (1 for a model without one)
     parameters: dict[str, Any] = field(default_factory=dict)
     timeout_us: int | None = None  # the client's own timeout (the ``timeout`` parameter, as Triton)
+    priority: int = 0  # Triton's ``priority`` parameter: 1 the highest level; 0 the model's default
 
 
 def parse_infer_request(
@@ -91,6 +92,9 @@ def parse_infer_request(
     timeout_us = parameters.get("timeout")
     if timeout_us is not None and (isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0):
         raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer of microseconds, got {_brief(timeout_us)}")
+    priority = parameters.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise InvalidRequest(f"parameter 'priority' must be a non-negative integer (1 the highest level), got {_brief(priority)}")
     binary_output = _flag(parameters, "binary_data_output", False, "parameter")
 
     planned: dict[str, _PlannedInput] = {}
@@ -118,7 +122,9 @@ def parse_infer_request(
         raise InvalidRequest("'id' must be a string")
 
     inputs = {name: plan.decode() for name, plan in planned.items()}
-    return InferRequest(id=request_id, inputs=inputs, outputs=outputs, rows=rows, parameters=parameters, timeout_us=timeout_us)
+    return InferRequest(
+        id=request_id, inputs=inputs, outputs=outputs, rows=rows, parameters=parameters, timeout_us=timeout_us, priority=priority
+    )
 
 
 def json_depth(value: Any, limit: int) -> int:

@@ -136,8 +136,12 @@ def form_candidate(
     for request in itertools.islice(queue, skip, None):
         if rows + request.rows > max_batch:
             break
-        if prune and size > 0 and start + profile.latency_ms(rows + request.rows) / 1000 > deadline:
+        # The batch's deadline is its earliest: the head's in a FIFO queue, whose deadlines
+        # ascend; a request queued by priority or by its own deadline may have an earlier one.
+        earliest = min(deadline, request.deadline)
+        if prune and size > 0 and start + profile.latency_ms(rows + request.rows) / 1000 > earliest:
             break
+        deadline = earliest
         size += 1
         rows += request.rows
     full = rows >= max_batch or skip + size < len(queue)
@@ -159,10 +163,12 @@ def grow(
 ) -> None:
     """``request`` joined the queue right behind ``candidate`` (not full): take it in if it fits, else the candidate is full."""
     rows = candidate.rows + request.rows
-    if rows > max_batch or (prune and now + profile.latency_ms(rows) / 1000 > candidate.deadline):
+    earliest = min(candidate.deadline, request.deadline)
+    if rows > max_batch or (prune and now + profile.latency_ms(rows) / 1000 > earliest):
         candidate.full = True
         candidate.schedulable = True
         return
+    candidate.deadline = earliest
     candidate.size += 1
     candidate.rows = rows
     candidate.full = rows >= max_batch

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from schedulers.admission import admissible
 from schedulers.cpu_batch import cpu_batch_rows, dispatch_due, planned_batch_rows
 from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
+from schedulers.priority import position
 from schedulers.profiles import LatencyProfile
 from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
 from schedulers.round_robin import RandomRoundRobin
@@ -113,6 +114,8 @@ class ModelState:
     on_gpus: bool = False  # the GPU scheduler serves it
     watched: Request | None = None  # the head whose refusal time is in the core's heap
     dispatch_batch: int = 1  # a planned CPU batch size: > 1, Harpagon's batch-aware dispatch (cpu_batch.py)
+    priority_levels: int = 1  # 1: every request equal (priority.py)
+    priority_bound_s: float = math.inf  # how long a lower level may be passed by higher ones
 
 
 @dataclass
@@ -167,9 +170,12 @@ class DispatchCore:
         cpu_profile: LatencyProfile | None = None,
         gpu_profile: LatencyProfile | None = None,
         dispatch_batch: int = 1,
+        priority_levels: int = 1,
+        priority_bound_ms: float = math.inf,
     ) -> None:
         state = ModelState(name, sla_ms, max_batch, max_queue_size, drop_late, cpu_profile, gpu_profile)
         state.dispatch_batch = dispatch_batch
+        state.priority_levels, state.priority_bound_s = priority_levels, priority_bound_ms / 1000
         state.cpu_executors = [e for e in self.executors.values() if e.model == name]
         self.models[name] = state
         if state.cpu_executors:
@@ -210,6 +216,10 @@ class DispatchCore:
         """Admit ``request`` (its arrival, rows, batch key, own timeout and payload set) or refuse it."""
         state = self.models[request.model]
         request.deadline = request.arrival + state.sla_ms / 1000
+        # The client's own deadline, where its timeout is tighter than the SLA (Triton reads 0 as none).
+        own_deadline = bool(request.timeout_s) and request.arrival + request.timeout_s < request.deadline
+        if own_deadline:
+            request.deadline = request.arrival + request.timeout_s
         if len(state.queue) >= state.max_queue_size:
             request.state = ENDED
             retry_after = self.retry_after_s(request.model)
@@ -233,7 +243,20 @@ class DispatchCore:
         request.timeout_at = request.arrival + timeout_s
         request.state = QUEUED
         heapq.heappush(self._timeouts, (request.timeout_at, request.id, request))
-        state.queue.append(request)
+        queue = state.queue
+        if queue and (state.priority_levels > 1 or (own_deadline and request.deadline < queue[-1].deadline)):
+            index = position(queue, request, now, state.priority_bound_s)
+        else:
+            index = len(queue)  # FIFO: every request has the model's SLA and one level
+        if index < len(queue):
+            queue.insert(index, request)
+            if state.on_gpus:
+                self.gpu_scheduler.on_arrival(state.name, now)  # counted; its candidate is formed anew
+                self.gpu_scheduler.on_queue_changed(state.name, now)
+            if index == 0:
+                self._touched[state.name] = state  # a new head, to look at and to watch
+            return self._pump(now)
+        queue.append(request)
         if state.on_gpus:
             self.gpu_scheduler.on_arrival(state.name, now, request)
         if len(state.queue) == 1:

@@ -27,6 +27,7 @@ class Request:
     batch_key: tuple = ()
     # The client's own timeout in seconds (None: the server's cap alone applies).
     timeout_s: float | None = None
+    priority: int = 1  # its level, 1 the highest (schedulers/priority.py)
     payload: Any = None
     state: str = QUEUED
     timeout_at: float = float("inf")
@@ -54,6 +55,10 @@ class RequestQueue:
 
     def append(self, request: Request) -> None:
         self.items.append(request)
+        self._count(request, 1)
+
+    def insert(self, index: int, request: Request) -> None:
+        self.items.insert(index, request)
         self._count(request, 1)
 
     def appendleft(self, request: Request) -> None:

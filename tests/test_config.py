@@ -114,8 +114,9 @@ def test_every_problem_of_a_file_is_named_at_once(tmp_models):
         f"{path}: server.host: must be a string, got int 3",
         f"{path}: server.port: must be 0-65535, got 70000",
         f"{path}: models.m.sla_ms: must be a number, got str 'x'",
-        f"{path}: models.m.max_batch: unknown key (known: cpu, cpu_executor, dispatch_batch, drop_late, gpu_profile, "
-        "hang_timeout_ms, max_batch_size, max_queue_size, path, plant, replicas, sla_measure, sla_ms, sla_percentile)",
+        f"{path}: models.m.max_batch: unknown key (known: cpu, cpu_executor, default_priority, dispatch_batch, drop_late, "
+        "gpu_profile, hang_timeout_ms, max_batch_size, max_queue_size, path, plant, priority_bound_ms, priority_levels, "
+        "replicas, sla_measure, sla_ms, sla_percentile)",
     ]
     assert caught.value.key == "server.host"
 

@@ -275,6 +275,10 @@ def _model(
         pi_gains(table.plant.gain, table.plant.zero, table.plant.pole)
     except ValueError as error:
         raise ConfigError(source, f"{key}.plant", str(error)) from None
+    if table.default_priority is not None and table.default_priority > table.priority_levels:
+        raise ConfigError(
+            source, f"{key}.default_priority", f"{table.default_priority} is over priority_levels ({table.priority_levels})"
+        )
     row = table.gpu_profile or name
     if gpu.executor == "emulated" and node.gpus and row not in gpu.profiles:
         raise ConfigError(source, f"{key}.gpu_profile", f"{gpu.profile} has no row {row!r} for this model")

@@ -371,6 +371,14 @@ class ModelTable:
     """A planned CPU batch size (Harpagon's batch-aware dispatch): a free CPU executor waits until
     this many rows are queued, or until the head request must start to meet its SLA; 1: at once.
     ``gateway plan --apply`` sets it."""
+    priority_levels: PositiveInt = 1
+    """Triton's priority levels: a request's ``priority`` parameter from 1 (the highest) to
+    this; 1: every request equal, the queue FIFO."""
+    default_priority: PositiveInt | None = None
+    """The level of a request that names none, or priority 0 (default: the lowest level)."""
+    priority_bound_ms: PositiveFloat | None = None
+    """A request that has waited this long is passed by no later request of a higher level
+    (default: twice sla_ms), so that lower levels are not starved."""
 
 
 @dataclass(frozen=True)
@@ -391,6 +399,18 @@ class ModelConfig:
     sla_percentile: float = 99.0
     replicas: int | None = None
     dispatch_batch: int = 1
+    priority_levels: int = 1
+    default_priority: int | None = None
+    priority_bound_ms: float | None = None
+
+    @property
+    def default_level(self) -> int:
+        return self.default_priority or self.priority_levels
+
+    @property
+    def priority_bound(self) -> float:
+        """ms a waiting request may be passed by higher levels (priority_bound_ms, else 2 SLAs)."""
+        return self.priority_bound_ms or 2 * self.sla_ms
 
     @property
     def measure(self) -> SlaMeasure:

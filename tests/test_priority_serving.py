@@ -1,0 +1,101 @@
+"""Priorities served: one CPU executor kept saturated by closed-loop clients of two levels;
+level 1 waits less in the queue than level 2, and level 2 still completes. A priority the model
+does not have, or one that is not a number, is refused 400 (HTTP) or INVALID_ARGUMENT (gRPC)
+with the parameter named."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.helpers import free_port, run_gateway
+
+LOAD_S = 5.0
+
+
+def body(priority: int | None) -> dict:
+    data = np.random.default_rng(1).random((1, 3, 32, 32), dtype=np.float32).ravel().tolist()
+    request = {"inputs": [{"name": "x", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": data}]}
+    if priority is not None:
+        request["parameters"] = {"priority": priority}
+    return request
+
+
+@pytest.fixture(scope="module")
+def saturated(tmp_path_factory, example_models):
+    folder = tmp_path_factory.mktemp("priority")
+    shutil.copy(example_models / "cnn_small.onnx", folder / "cnn_small.onnx")
+    # A small fixed quota and batches of one: the executor serves requests one at a time, slowly,
+    # so eight clients keep a queue.
+    (folder / "config.toml").write_text(
+        """
+[node]
+cpu_cores = 2.0
+[control]
+policy = "fixed"
+[models.cnn_small]
+path = "cnn_small.onnx"
+sla_ms = 2000
+max_batch_size = 1
+priority_levels = 2
+priority_bound_ms = 2000
+cpu = { cores = 0.2, min_cores = 0.1, threads = 1 }
+"""
+    )
+    port = free_port()
+    with run_gateway(folder / "config.toml", args=["--grpc-port", str(port)]) as gateway:
+        gateway.grpc_url = f"127.0.0.1:{port}"
+        yield gateway
+
+
+def test_the_higher_level_waits_less_and_the_lower_still_completes(saturated):
+    answers: dict[int, list[tuple[int, float]]] = {1: [], 2: []}
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def client(level: int) -> None:
+        with requests.Session() as session:
+            payload = body(level)
+            while not stop.is_set():
+                response = session.post(f"{saturated.base}/v2/models/cnn_small/infer", json=payload, timeout=60)
+                queue_ms = response.json()["parameters"]["queue_ms"] if response.status_code == 200 else -1.0
+                with lock:
+                    answers[level].append((response.status_code, queue_ms))
+
+    threads = [threading.Thread(target=client, args=(level,)) for level in (1, 1, 2, 2, 2, 2, 2, 2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(LOAD_S)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    high, low = answers[1], answers[2]
+    assert len(high) >= 20 and len(low) >= 10, (len(high), len(low))
+    assert {status for status, _ in high + low} == {200}  # level 2 still completes
+    # Served FIFO both would wait about the same; level 1 passes the six level-2 clients' requests.
+    high_ms, low_ms = statistics.median(q for _, q in high), statistics.median(q for _, q in low)
+    assert high_ms < 0.5 * low_ms, (high_ms, low_ms)
+
+
+def test_a_bad_priority_is_refused_naming_it(saturated):
+    url = f"{saturated.base}/v2/models/cnn_small/infer"
+    for priority, words in ((3, "priority levels 1 to 2"), ("high", "parameter 'priority'"), (-1, "parameter 'priority'")):
+        response = requests.post(url, json=body(priority), timeout=30)
+        assert response.status_code == 400 and words in response.json()["error"], response.text
+    assert requests.post(url, json=body(0), timeout=30).status_code == 200  # 0: the model's default level
+    client = triton_grpc.InferenceServerClient(saturated.grpc_url)
+    tensor = triton_grpc.InferInput("x", [1, 3, 32, 32], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 3, 32, 32), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("cnn_small", [tensor], priority=3)
+    assert caught.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT) and "priority levels 1 to 2" in caught.value.message()
+    assert client.infer("cnn_small", [tensor], priority=1).as_numpy("logits") is not None
