@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ class SupervisedExecutor(abc.ABC):
         emulate_zeros: bool = False,
         memory_mb: float | None = None,
         on_change: Callable[[], None] = lambda: None,
+        model_cache: bool = False,
     ) -> None:
         self.id = executor_id
         self.models = models
@@ -69,6 +70,9 @@ class SupervisedExecutor(abc.ABC):
         self.emulate = emulate or {}
         self.emulate_zeros = emulate_zeros
         self.memory_mb = memory_mb
+        # A GPU executor whose memory is a cache of models: it holds none at start, and LOADs
+        # and UNLOADs them as each batch says (schedulers/gpu_memory.py).
+        self.model_cache = model_cache
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
         self.restarts = 0
@@ -120,6 +124,8 @@ class SupervisedExecutor(abc.ABC):
                 args.append("--emulate-zeros")
         elif self.device.startswith("gpu"):
             args += ["--provider", "cuda", "--device-id", self.device.partition(":")[2] or "0"]
+        if self.model_cache:
+            args.append("--model-cache")
         return args
 
     # -- the gateway's side -----------------------------------------------------------------
@@ -162,13 +168,19 @@ class SupervisedExecutor(abc.ABC):
         await first_start
 
     async def infer(
-        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf, waited_ms: Sequence[float] = ()
+        self,
+        model: str,
+        tensors: dict[str, np.ndarray],
+        latest_start: float = math.inf,
+        waited_ms: Sequence[float] = (),
+        load: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, np.ndarray], float]:
         """Run a batch that the executor must begin by ``latest_start`` (or raise BatchLate).
-        ``waited_ms`` (the requests' waits) matters to a worker's executors only (RemoteExecutor)."""
+        ``waited_ms`` (the requests' waits) matters to a worker's executors only (RemoteExecutor).
+        ``load``: {"load_ms": ..., "unload": [...]}, a LOAD of the model (and UNLOADs) first."""
         if self._connection is None or not self.ready:
             raise ExecutorFailed(f"executor {self.id} is not running ({self.state})")
-        return await self._connection.infer(model, tensors, latest_start)
+        return await self._connection.infer(model, tensors, latest_start, extra=load)
 
     def set_cores(self, cores: float) -> None:
         """Resize the running executor (no restart); a restarted one gets the same cores."""

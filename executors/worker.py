@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,7 @@ def serve(
     provider: str,
     emulate: dict[str, tuple[float, float]] | None = None,
     emulate_zeros: bool = False,
+    reopen: Callable[[str], ort.InferenceSession] | None = None,
 ) -> None:
     """Answer infer frames until the gateway hangs up.
 
@@ -114,6 +116,11 @@ def serve(
     ``emulate_zeros`` a model whose outputs have fixed shapes apart from the batch is not
     computed at all: it answers zeros of those shapes after l(b), so that emulating a GPU costs
     no CPU (for benchmarks of scheduling, never for results).
+
+    ``reopen`` (a GPU whose memory is a cache of models, Clockwork Section 4): the sessions are
+    closed once described, and a batch's header says what to do first: ``unload`` closes those
+    models' sessions (UNLOAD), and a model without a session is opened again (LOAD), held for
+    ``load_ms`` in all where its GPU is emulated.
     """
     emulate = emulate or {}
     slow_logged: set[str] = set()
@@ -135,6 +142,8 @@ def serve(
     # instant here (executors/wire.py).
     clock = time.perf_counter()
     send({"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models, "clock": clock})
+    if reopen is not None:
+        sessions.clear()  # nothing held until loaded
     while True:
         frame = read_frame_blocking(stream)
         if frame is None:
@@ -142,13 +151,15 @@ def serve(
         header, payload = frame
         request_id = header.get("id")
         try:
-            session = sessions[header["model"]]
-            feeds = {name: as_onnx_feed(array) for name, array in unpack_tensors(header["tensors"], payload).items()}
-            started = time.perf_counter()
-            late_ms = late_by_ms(header.get("latest"), started)
+            late_ms = late_by_ms(header.get("latest"), time.perf_counter())
             if late_ms is not None:
                 send({"kind": "late", "id": request_id, "late_ms": late_ms})
                 continue
+            if reopen is not None:
+                load_model(sessions, header, reopen, emulate)
+            session = sessions[header["model"]]
+            feeds = {name: as_onnx_feed(array) for name, array in unpack_tensors(header["tensors"], payload).items()}
+            started = time.perf_counter()
             names = [arg.name for arg in session.get_outputs()]
             if header["model"] in zero_outputs:
                 rows = next(iter(feeds.values())).shape[0]
@@ -174,6 +185,25 @@ def serve(
             send({"kind": "error", "id": request_id, "message": f"{type(error).__name__}: {error}"})
 
 
+def load_model(
+    sessions: dict[str, ort.InferenceSession],
+    header: dict[str, Any],
+    reopen: Callable[[str], ort.InferenceSession],
+    emulate: dict[str, tuple[float, float]],
+) -> None:
+    """Carry out a batch's UNLOADs and its model's LOAD (an emulated GPU's held for ``load_ms``)."""
+    for victim in header.get("unload", ()):
+        sessions.pop(victim, None)
+    model = header["model"]
+    if model in sessions:
+        return
+    began = time.perf_counter()
+    sessions[model] = reopen(model)
+    if model in emulate:
+        took_ms = (time.perf_counter() - began) * 1000
+        time.sleep(max(0.0, float(header.get("load_ms", 0.0)) - took_ms) / 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="executors.worker")
     parser.add_argument("--connect", required=True, help="unix:PATH or tcp:HOST:PORT of the gateway")
@@ -183,13 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-id", type=int, default=0)
     parser.add_argument("--emulate", action="append", default=[], help="NAME=PER_ITEM_MS,FIXED_MS: hold batches of NAME for l(b)")
     parser.add_argument("--emulate-zeros", action="store_true", help="emulated models answer zeros instead of computing")
+    parser.add_argument("--model-cache", action="store_true", help="hold no model until a batch LOADs it (GPU memory as a cache)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.provider == "cuda":
         load_cuda_libraries()
-    sessions = {}
+    sessions, paths = {}, {}
     for item in args.model:
         name, _, path = item.partition("=")
+        paths[name] = path
         sessions[name] = open_session(path, args.threads, args.provider, args.device_id)
     emulate = {}
     for item in args.emulate:
@@ -199,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     sock = connect(args.connect)
     # The gateway going away ends the executor: nothing is left to answer.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        serve(sock, sessions, args.provider, emulate, args.emulate_zeros)
+
+        def reopen(name: str) -> ort.InferenceSession:
+            return open_session(paths[name], args.threads, args.provider, args.device_id)
+
+        serve(sock, sessions, args.provider, emulate, args.emulate_zeros, reopen if args.model_cache else None)
     return 0
 
 

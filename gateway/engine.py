@@ -58,6 +58,7 @@ from gateway.ui.series import LiveSeries, PeriodOf
 from schedulers.autoscale import ScalingSignal, scaling_signal
 from schedulers.dispatch import CPU, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
+from schedulers.gpu_memory import GpuMemory, Load, ModelFootprint
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
 from schedulers.round_robin import RandomRoundRobin
@@ -102,6 +103,23 @@ class Result:
             "queue_ms": round(self.queue_ms, 3),
             "compute_ms": round(self.compute_ms, 3),
         }
+
+
+def gpu_memory_of(config: GatewayConfig) -> GpuMemory | None:
+    """The GPUs' memory as a cache of models ([gpu] memory_mb; None: every GPU holds every model):
+    each model's size and load time from the emulated GPU's profile, or its ONNX file's size and
+    cuda_load_ms on a real GPU."""
+    gpu = config.gpu
+    if gpu.memory_mb is None or not config.node.gpus:
+        return None
+    footprints = {}
+    for name, model in config.models.items():
+        if gpu.executor == "emulated":
+            memory_mb, load_ms = gpu.footprints[model.gpu_profile or name]
+        else:
+            memory_mb, load_ms = model.path.stat().st_size / 2**20, gpu.cuda_load_ms
+        footprints[name] = ModelFootprint(memory_mb, load_ms)
+    return GpuMemory(gpu.memory_mb, footprints)
 
 
 @dataclass
@@ -197,6 +215,7 @@ class Engine:
             gpu_scheduler=self.gpu_scheduler,
             request_timeout_s=config.server.request_timeout_ms / 1000,
             cpu_sharing=gpu.cpu_sharing,
+            gpu_memory=gpu_memory_of(config),
         )
         self.models = {
             # Every model shares the list of the node's GPU executors, filled below.
@@ -612,6 +631,8 @@ class Engine:
         for action in actions:
             if isinstance(action, Start):
                 touched.add(action.batch.model)
+                if action.batch.load is not None:
+                    self._count_load(action.batch.load)
                 task = asyncio.create_task(self._run_batch(action.batch))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -632,6 +653,13 @@ class Engine:
                 length = self.core.queue_length(name)
                 self.metrics.for_model(name).queue_length.set(length)
                 self.live.queue(name, now, length, self.models[name].sla_ms)
+
+    def _count_load(self, load: Load) -> None:
+        self.metrics.gpu_model_loads.labels(load.gpu, load.model).inc()
+        for victim in load.evict:
+            self.metrics.gpu_model_unloads.labels(load.gpu, victim).inc()
+        evicted = f", UNLOAD {', '.join(load.evict)}" if load.evict else ""
+        log.info("GPU %s: LOAD %s (%g ms)%s", load.gpu, load.model, load.load_ms, evicted)
 
     def _cpu_work_started(self, runtime: ModelRuntime) -> None:
         """A CPU executor started a batch: work is reaching it, from the clients or spilled by
@@ -709,7 +737,17 @@ class Engine:
             busy.batch_started(executor.id, started)
         try:
             waited_ms = [(batch.started - r.arrival) * 1000 for r in batch.requests]
-            run = executor.infer(batch.model, inputs, latest_start=batch.latest_start, waited_ms=waited_ms)
+            load = batch.load
+            if load is not None:
+                run = executor.infer(
+                    batch.model,
+                    inputs,
+                    latest_start=batch.latest_start,
+                    waited_ms=waited_ms,
+                    load={"load_ms": load.load_ms, "unload": list(load.evict)},
+                )
+            else:
+                run = executor.infer(batch.model, inputs, latest_start=batch.latest_start, waited_ms=waited_ms)
             return await asyncio.wait_for(run, hang_s)
         except TimeoutError:
             executor.kill_hung(f"no reply to a batch of {batch.rows} within {hang_s:g} s (hang_timeout_ms)")

@@ -53,6 +53,13 @@ class GatewayMetrics:
         self.late_actions = Counter(
             "gateway_late_actions", "Batches an executor refused to begin after their latest start time", ["model"], registry=r
         )
+        # Clockwork's LOAD and UNLOAD actions (Section 4) where GPU memory is a cache of models.
+        self.gpu_model_loads = Counter(
+            "gateway_gpu_model_loads", "Models loaded onto a GPU before a batch of theirs", ["gpu", "model"], registry=r
+        )
+        self.gpu_model_unloads = Counter(
+            "gateway_gpu_model_unloads", "Models unloaded from a GPU for room, least recently used", ["gpu", "model"], registry=r
+        )
         self._models: dict[str, ModelMetrics] = {}
 
     def export_totals(self, read: Callable[[], Iterable[ModelTotals]]) -> None:

@@ -91,6 +91,7 @@ def build_node_executors(
                 emulate=emulate,
                 emulate_zeros=gpu.emulated_outputs == "zeros",
                 on_change=functools.partial(on_change, f"gpu-{device_id}"),
+                model_cache=gpu.memory_mb is not None,
             )
         )
     return node

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from schedulers.admission import admissible
 from schedulers.cpu_batch import cpu_batch_rows, dispatch_due, planned_batch_rows
 from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
+from schedulers.gpu_memory import GpuMemory, Load
 from schedulers.priority import position
 from schedulers.profiles import LatencyProfile
 from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
@@ -61,6 +62,9 @@ class Batch:
     # this refuses it (``on_batch_late``): its earliest deadline could no longer be met. Set on
     # GPU batches of models that refuse what they cannot finish in time; inf otherwise.
     latest_start: float = math.inf
+    # A GPU batch of a model its GPU did not hold: LOADed first (and others UNLOADed), the load
+    # time part of the batch's expected end (Clockwork Section 4; schedulers/gpu_memory.py).
+    load: Load | None = None
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,12 @@ class DispatchCore:
         gpu_scheduler: GpuScheduler | None = None,
         request_timeout_s: float = 60.0,
         cpu_sharing: str = "spill",
+        gpu_memory: GpuMemory | None = None,
     ):
+        """``gpu_memory``: each GPU holds only the models that fit it, loaded on demand (None:
+        every GPU holds every model)."""
         self.cpu_scheduler, self.gpu_scheduler = cpu_scheduler, gpu_scheduler
+        self.gpu_memory = gpu_memory
         self.request_timeout_s = request_timeout_s
         self.cpu_sharing = cpu_sharing
         self.models: dict[str, ModelState] = {}
@@ -190,6 +198,8 @@ class DispatchCore:
         self.executors[executor_id] = executor
         if device == GPU:
             self._gpus.append(executor)
+            if self.gpu_memory is not None:
+                self.gpu_memory.add_gpu(executor_id)
         elif model in self.models:
             state = self.models[model]
             state.cpu_executors.append(executor)
@@ -232,9 +242,14 @@ class DispatchCore:
             fastest = self._fastest_ms(state, request.rows)
             if fastest is not None and not admissible(request, now, fastest):
                 request.state = ENDED
+                within = f"its SLA of {state.sla_ms:g} ms"
+                if own_deadline:
+                    within = f"the request's timeout of {request.timeout_s * 1000:g} ms"
+                load_ms = self._load_ms(state.name) if state.gpu_profile is not None else 0.0
+                loading = f", a GPU loading the model first ({load_ms:g} ms) included" if load_ms else ""
                 message = (
-                    f"model '{state.name}' cannot answer within its SLA of {state.sla_ms:g} ms: the fastest device "
-                    f"needs {fastest:.1f} ms for this request; refused before any work was done"
+                    f"model '{state.name}' cannot answer within {within}: the fastest device needs {fastest:.1f} ms for "
+                    f"this request{loading}; refused before any work was done"
                 )
                 return [Fail((request,), 503, "refused_deadline", message)]
         timeout_s = self.request_timeout_s
@@ -269,6 +284,8 @@ class DispatchCore:
         executor = self.executors[executor_id]
         executor.ready = ready
         if executor.device == GPU:
+            if not ready and self.gpu_memory is not None:
+                self.gpu_memory.forget(executor_id)  # restarted, it holds nothing
             self._gpu_changed(executor)
         # Which device can finish what has changed for every model: look again, watch anew.
         for name, state in self.models.items():
@@ -440,12 +457,22 @@ class DispatchCore:
         return request.state == QUEUED and bool(queue) and queue[0] is request
 
     def _fastest_ms(self, state: ModelState, rows: int) -> float | None:
-        """l(rows) on the fastest device that serves the model (None: none does)."""
-        on_gpu = state.gpu_profile.latency_ms(rows) if state.gpu_profile is not None and self._gpus else None
+        """l(rows) on the fastest device that serves the model (None: none does); on a GPU, plus
+        the model's load time where no GPU holds it."""
+        on_gpu = None
+        if state.gpu_profile is not None and self._gpus:
+            on_gpu = state.gpu_profile.latency_ms(rows) + self._load_ms(state.name)
         if state.cpu_profile is None or not state.cpu_executors:
             return on_gpu
         on_cpu = state.cpu_profile.latency_ms(rows)
         return on_cpu if on_gpu is None else min(on_cpu, on_gpu)
+
+    def _load_ms(self, model: str) -> float:
+        """What a GPU batch of ``model`` waits for a LOAD first: 0 where a GPU holds it."""
+        memory = self.gpu_memory
+        if memory is None or memory.held_anywhere(model):
+            return 0.0
+        return memory.load_ms(model)
 
     def _gpu_changed(self, gpu: ExecutorState) -> None:
         """A GPU executor started or ended a batch, or came up or went down."""
@@ -501,7 +528,9 @@ class DispatchCore:
             cpu_start = (
                 min((e.free_at(now) for e in state.cpu_executors if e.ready), default=None) if state.cpu_executors else None
             )
-            gpu_on = gpu_start if state.gpu_profile is not None else None
+            gpu_on = None
+            if state.gpu_profile is not None and gpu_start is not None:
+                gpu_on = gpu_start + self._load_ms(state.name) / 1000
             if cpu_start is None and gpu_on is None:
                 # No device is up: nothing is refused, and the head is not watched again (its
                 # time has passed: a wake-up for it would fire at once, for ever). A device
@@ -544,8 +573,46 @@ class DispatchCore:
                 self._deferral_at = decision.time  # no other idle GPU would get another answer
                 return
             state = self.models[decision.model]
-            self._start(gpu, state, self._take(state, decision), now, actions)
+            if self.gpu_memory is None:
+                self._start(gpu, state, self._take(state, decision), now, actions)
+            else:
+                self._start_cached(gpu, state, self._take(state, decision), now, actions)
             self._queue_changed(state, now)
+
+    def _start_cached(
+        self, gpu: ExecutorState, state: ModelState, requests: list[Request], now: float, actions: list[Action]
+    ) -> None:
+        """Start a GPU batch where GPUs hold only some models (gpu_memory): on an idle GPU that
+        holds the model if there is one, else LOADing it first. A model that refuses what it
+        cannot finish in time keeps only the requests that the load leaves in time; the others go
+        back to the queue's head, or, where none is left, are refused with the reason."""
+        memory = self.gpu_memory
+        assert memory is not None
+        holder = next((g for g in self._idle_gpus.values() if memory.holds(g.id, state.name)), None)
+        gpu = holder or gpu
+        load = memory.plan(gpu.id, state.name)
+        if load is not None and state.drop_late and state.gpu_profile is not None:
+            ready_at = now + load.load_ms / 1000
+            keep, rows, earliest = 0, 0, math.inf
+            for request in requests:
+                earliest = min(earliest, request.deadline)
+                if ready_at + state.gpu_profile.latency_ms(rows + request.rows) / 1000 > earliest:
+                    break
+                keep, rows = keep + 1, rows + request.rows
+            for request in reversed(requests[keep:]):
+                state.queue.appendleft(request)
+            requests = requests[:keep]
+            if not requests:
+                refused = [state.queue.popleft()]
+                self._end(refused)
+                self.gpu_scheduler.on_refused(state.name, refused, now)
+                message = (
+                    f"model '{state.name}' could not serve this request within its SLA of {state.sla_ms:g} ms: no GPU "
+                    f"holds the model, and loading it takes {load.load_ms:g} ms; refused before it ran"
+                )
+                actions.append(Fail(tuple(refused), 503, "refused_deadline", message))
+                return
+        self._start(gpu, state, requests, now, actions, load)
 
     def _take(self, state: ModelState, decision: Dispatch) -> list[Request]:
         """Take the dispatched requests out of the queue (those skipped at its head stay in front).
@@ -625,17 +692,37 @@ class DispatchCore:
         )
 
     def _start(
-        self, executor: ExecutorState, state: ModelState, requests: list[Request], now: float, actions: list[Action]
+        self,
+        executor: ExecutorState,
+        state: ModelState,
+        requests: list[Request],
+        now: float,
+        actions: list[Action],
+        load: Load | None = None,
     ) -> None:
         rows = sum(r.rows for r in requests)
         profile = state.gpu_profile if executor.device == GPU else state.cpu_profile
         duration_s = profile.latency_ms(rows) / 1000 if profile is not None else 0.0
+        load_s = load.load_ms / 1000 if load is not None else 0.0
         latest = math.inf
         if executor.device == GPU and state.drop_late and profile is not None:
-            latest = min(r.deadline for r in requests) - duration_s
+            latest = min(r.deadline for r in requests) - duration_s - load_s
         batch = Batch(
-            next(self._batch_ids), state.name, executor.id, executor.device, tuple(requests), rows, now, now + duration_s, latest
+            next(self._batch_ids),
+            state.name,
+            executor.id,
+            executor.device,
+            tuple(requests),
+            rows,
+            now,
+            now + load_s + duration_s,
+            latest,
+            load,
         )
+        if self.gpu_memory is not None and executor.device == GPU:
+            if load is not None:
+                self.gpu_memory.commit(load)
+            self.gpu_memory.used(executor.id, state.name)
         for request in requests:
             request.state, request.dispatched = RUNNING, now
         executor.batch = batch

@@ -89,7 +89,12 @@ class RemoteExecutor:
         return self.link.in_flight
 
     async def infer(
-        self, model: str, tensors: dict[str, np.ndarray], latest_start: float = math.inf, waited_ms: Sequence[float] = ()
+        self,
+        model: str,
+        tensors: dict[str, np.ndarray],
+        latest_start: float = math.inf,
+        waited_ms: Sequence[float] = (),
+        load: dict[str, Any] | None = None,
     ) -> tuple[dict[str, np.ndarray], float]:
         """Run a batch on the worker; the time reported is the round trip, transfer included.
         ``waited_ms``: how long each request of the batch waited here (the worker's controller
@@ -98,7 +103,7 @@ class RemoteExecutor:
         if connection is None or not self.link.connected:
             raise ExecutorFailed(f"worker {self.link.address} is unreachable")
         sent = time.perf_counter()
-        extra = {"executor": self.local_id, "waited_ms": [round(w, 3) for w in waited_ms]}
+        extra = {"executor": self.local_id, "waited_ms": [round(w, 3) for w in waited_ms], **(load or {})}
         outputs, _ = await connection.infer(model, tensors, latest_start, extra=extra)
         return outputs, (time.perf_counter() - sent) * 1000
 

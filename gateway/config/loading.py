@@ -254,7 +254,7 @@ def _gpu(source: Path, table: GpuTable, node: NodeConfig, base: Path) -> GpuConf
     if gpu.executor == "emulated" and node.gpus:
         if profile is None:
             raise ConfigError(source, "gpu.profile", "an emulated GPU needs a profile CSV (model, alpha_ms, beta_ms)")
-        gpu = dataclasses.replace(gpu, profiles=_read_profiles(source, profile))
+        gpu = dataclasses.replace(gpu, profiles=_read_profiles(source, profile), footprints=_read_footprints(source, profile))
     return gpu
 
 
@@ -282,6 +282,16 @@ def _model(
     row = table.gpu_profile or name
     if gpu.executor == "emulated" and node.gpus and row not in gpu.profiles:
         raise ConfigError(source, f"{key}.gpu_profile", f"{gpu.profile} has no row {row!r} for this model")
+    if gpu.memory_mb is not None and node.gpus:
+        if gpu.executor == "emulated" and row not in gpu.footprints:
+            raise ConfigError(
+                source, "gpu.memory_mb", f"{gpu.profile} needs the columns memory_mb and load_ms for model {name!r} (row {row!r})"
+            )
+        size_mb = gpu.footprints[row][0] if gpu.executor == "emulated" else path.stat().st_size / 2**20
+        if size_mb > gpu.memory_mb:
+            raise ConfigError(
+                source, "gpu.memory_mb", f"model {name!r} needs {size_mb:g} MB, over the {gpu.memory_mb:g} MB of a GPU"
+            )
     # cpu_executor = false is carried as no CPU executor config: ModelConfig.cpu is None.
     fields = {f.name: getattr(table, f.name) for f in dataclasses.fields(table) if f.name != "cpu_executor"}
     return ModelConfig(**{**fields, "name": name, "path": path, "cpu": cpu})
@@ -341,6 +351,18 @@ def _read_profiles(source: Path, path: Path) -> dict[str, tuple[float, float]]:
         raise ConfigError(source, "gpu.profile", f"no such file {path}") from None
     except (KeyError, ValueError) as error:
         raise ConfigError(source, "gpu.profile", f"{path} needs the columns model, alpha_ms, beta_ms: {error}") from None
+
+
+def _read_footprints(source: Path, path: Path) -> dict[str, tuple[float, float]]:
+    """model -> (memory MB, load ms) where the profile has the columns memory_mb and load_ms."""
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or not {"memory_mb", "load_ms"} <= rows[0].keys():
+        return {}
+    try:
+        return {row["model"]: (float(row["memory_mb"]), float(row["load_ms"])) for row in rows}
+    except ValueError as error:
+        raise ConfigError(source, "gpu.profile", f"{path}: memory_mb and load_ms must be numbers: {error}") from None
 
 
 # -- pydantic's findings as FILE: KEY: problem ------------------------------------------------

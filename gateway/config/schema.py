@@ -148,6 +148,13 @@ class GpuTable:
     emulated_outputs: Literal["computed", "zeros"] = "computed"
     """What an emulated GPU answers: computed (real outputs, computed on the CPU while the batch
     is held for l(b)) or zeros (no computation: for benchmarks of scheduling only)."""
+    memory_mb: PositiveFloat | None = None
+    """Each GPU's memory for models (Clockwork's cache): a GPU holds the models that fit, loads
+    one on demand and unloads the least recently used; default: every GPU holds every model.
+    A model's size and load time: the profile's memory_mb and load_ms columns (emulated), else
+    its ONNX file's size and cuda_load_ms."""
+    cuda_load_ms: PositiveFloat = 500.0
+    """What the scheduler counts for loading a model onto a real GPU (session creation)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,8 @@ class GpuConfig(GpuTable):
 
     profiles: dict[str, tuple[float, float]] = field(default_factory=dict)
     """model -> (per-item ms, fixed ms), from ``profile``."""
+    footprints: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """model -> (memory MB, load ms), from ``profile``'s memory_mb and load_ms columns where it has them."""
 
 
 @with_config(TABLE)
