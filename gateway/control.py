@@ -168,6 +168,26 @@ class ControlLoop:
         self.supervisor.replace(name, controller, demand, self.clock(), min_cores=floor_cores(controller, model))
         self._apply(self.supervisor.grant())
 
+    def add_model(self, model: ModelConfig) -> None:
+        """A model loaded at run time: its controller joins the node's arbitration at once (the
+        caller has put it in the config's models)."""
+        if model.cpu is None:
+            return
+        self.models[model.name] = model
+        controller = self._controller(model)
+        self.supervisor.replace(model.name, controller, model.cpu.cores, self.clock(), min_cores=floor_cores(controller, model))
+        self.supervisor.deficits[model.name] = 0.0
+        self._apply(self.supervisor.grant())
+
+    def remove_model(self, name: str) -> None:
+        """A model unloaded at run time: its cores go back to the others at once."""
+        if self.models.pop(name, None) is None:
+            return
+        self.supervisor.remove(name)
+        for table in (self.pinned, self._granted, self._reacted):
+            table.pop(name, None)
+        self._apply(self.supervisor.grant())
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 

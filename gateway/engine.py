@@ -47,7 +47,7 @@ from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
 from gateway.metrics import GatewayMetrics, ModelTotals
-from gateway.node import build_node_executors
+from gateway.node import NodeExecutors, build_node_executors
 from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
@@ -223,6 +223,9 @@ class Engine:
             for name, model in config.models.items()
         }
         self.cluster: Cluster | None = None
+        self.node: NodeExecutors | None = None  # this node's executors (None on a dispatcher)
+        # Models being unloaded (the repository extension): no longer served, their queues draining.
+        self.unloading: dict[str, ModelRuntime] = {}
         self.pipelines: dict[str, PipelineRuntime] = {}  # built at start, once the models' signatures are known
         if config.cluster is not None:
             # A dispatcher: the executors are its workers', handed over as they connect.
@@ -235,6 +238,7 @@ class Engine:
         else:
             node = build_node_executors(config, self._socket_dir, self._on_executor_change)
             self.actuator, self.docker = node.actuator, node.docker
+            self.node = node
             for executor in node.by_id.values():
                 self._add_executor(executor)
         self.gpu_cluster: GpuClusterWindow | None = None
@@ -359,42 +363,7 @@ class Engine:
         """Seed each model's latency profiles with a short profiling run on each kind of device,
         then hand the model to the dispatch core."""
         for runtime in self.models.values():
-            assert runtime.signature is not None
-            if runtime.executors:
-                cpu = next((e for e in runtime.executors if e.ready), runtime.executors[0])
-                runtime.cpu_profile = await profile_executor(cpu, runtime.name, runtime.signature, runtime.config)
-                log.info(
-                    "model %s: CPU profile l(b) = %.3f b + %.3f ms",
-                    runtime.name,
-                    runtime.cpu_profile.per_item_ms,
-                    runtime.cpu_profile.fixed_ms,
-                )
-            if self.gpu_executors:
-                gpu = next((g for g in self.gpu_executors if g.ready), self.gpu_executors[0])
-                if gpu.emulate:
-                    per_item, fixed = gpu.emulate[runtime.name]
-                    runtime.gpu_profile = LatencyProfile(per_item, fixed)
-                else:
-                    runtime.gpu_profile = await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
-                log.info(
-                    "model %s: GPU profile l(b) = %.3f b + %.3f ms%s",
-                    runtime.name,
-                    runtime.gpu_profile.per_item_ms,
-                    runtime.gpu_profile.fixed_ms,
-                    " (emulated)" if gpu.emulate else "",
-                )
-            self.core.add_model(
-                runtime.name,
-                sla_ms=runtime.sla_ms,
-                max_batch=runtime.config.max_batch_size if runtime.signature.batchable else 1,
-                max_queue_size=runtime.config.max_queue_size,
-                drop_late=runtime.config.drop_late,
-                cpu_profile=runtime.cpu_profile,
-                gpu_profile=runtime.gpu_profile,
-                dispatch_batch=runtime.dispatch_batch,
-                priority_levels=runtime.config.priority_levels,
-                priority_bound_ms=runtime.config.priority_bound,
-            )
+            await self._profile_model(runtime)
         for executor in self.gpu_executors:
             log.info(
                 "GPU executor %s on %s (pid %s, provider %s%s)",
@@ -404,6 +373,115 @@ class Engine:
                 executor.provider,
                 ", emulated" if executor.emulate else "",
             )
+
+    async def _profile_model(self, runtime: ModelRuntime) -> None:
+        """Seed the model's latency profiles with a short profiling run on each kind of device that
+        serves it, then hand the model to the dispatch core."""
+        assert runtime.signature is not None
+        if runtime.executors:
+            cpu = next((e for e in runtime.executors if e.ready), runtime.executors[0])
+            runtime.cpu_profile = await profile_executor(cpu, runtime.name, runtime.signature, runtime.config)
+            log.info(
+                "model %s: CPU profile l(b) = %.3f b + %.3f ms",
+                runtime.name,
+                runtime.cpu_profile.per_item_ms,
+                runtime.cpu_profile.fixed_ms,
+            )
+        if runtime.gpu_executors:
+            gpu = next((g for g in runtime.gpu_executors if g.ready), runtime.gpu_executors[0])
+            if gpu.emulate:
+                per_item, fixed = gpu.emulate[runtime.name]
+                runtime.gpu_profile = LatencyProfile(per_item, fixed)
+            else:
+                runtime.gpu_profile = await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
+            log.info(
+                "model %s: GPU profile l(b) = %.3f b + %.3f ms%s",
+                runtime.name,
+                runtime.gpu_profile.per_item_ms,
+                runtime.gpu_profile.fixed_ms,
+                " (emulated)" if gpu.emulate else "",
+            )
+        self.core.add_model(
+            runtime.name,
+            sla_ms=runtime.sla_ms,
+            max_batch=runtime.config.max_batch_size if runtime.signature.batchable else 1,
+            max_queue_size=runtime.config.max_queue_size,
+            drop_late=runtime.config.drop_late,
+            cpu_profile=runtime.cpu_profile,
+            gpu_profile=runtime.gpu_profile,
+            dispatch_batch=runtime.dispatch_batch,
+            priority_levels=runtime.config.priority_levels,
+            priority_bound_ms=runtime.config.priority_bound,
+        )
+
+    # -- models loaded and unloaded at run time (the repository extension) ----------------------
+    async def load_model(self, model: ModelConfig) -> ModelRuntime:
+        """Start ``model``'s CPU executor, profile it, and serve it: in the dispatch core, and in
+        the node supervisor's arithmetic of cores. A model served already is unloaded first (a
+        reload). The model is served only once it is ready; until then its requests get 404."""
+        if self.node is None or self.control is None:
+            raise InvalidRequest("models are loaded at run time only by a gateway that serves alone, not by a dispatcher")
+        if model.cpu is None:
+            raise InvalidRequest(f"model '{model.name}': a model loaded at run time is served by its CPU executor")
+        if model.name in self.pipelines:
+            raise InvalidRequest(f"'{model.name}' is a pipeline of the config")
+        if model.name in self.models:
+            await self.unload_model(model.name)
+        runtime = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=[])
+        executor = self.node.cpu_executor(model, self._socket_dir, self._on_executor_change)
+        self.executors[executor.id] = executor
+        self.core.add_executor(executor.id, CPU, model.name)
+        runtime.executors.append(executor)
+        try:
+            await executor.start()
+            runtime.signature = ModelSignature.from_json(executor.signatures[model.name])
+            await self._profile_model(runtime)
+        except BaseException:
+            await executor.stop()
+            self.executors.pop(executor.id, None)
+            self.core.executors.pop(executor.id, None)
+            raise
+        now = self.now
+        runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
+        self.config.models[model.name] = model
+        self.models[model.name] = runtime
+        self.metrics.sla_seconds.labels(model.name).set(model.sla_ms / 1000)
+        self.control.add_model(model)
+        self._carry_out(self.core.set_executor_ready(executor.id, executor.ready, now), model.name)
+        log.info("model %s: loaded (executor %s, pid %s)", model.name, executor.id, executor.pid)
+        return runtime
+
+    async def unload_model(self, name: str, timeout_s: float = 30.0) -> None:
+        """Stop serving ``name``: new requests get 404 at once; those accepted finish (for at most
+        ``timeout_s``, then the queued ones are answered 503); its executor stops and its cores go
+        back to the other models."""
+        runtime = self.models.get(name)
+        if runtime is None or name in self.unloading:
+            raise InvalidRequest(f"unknown model '{name}'; served models: {', '.join(sorted(self.models))}", status=404)
+        users = [p for p, pipeline in self.pipelines.items() if any(s.model == name for s in pipeline.graph.table.steps)]
+        if users:
+            raise InvalidRequest(f"model '{name}' is a step of pipeline(s) {', '.join(users)}: it cannot be unloaded")
+        if self.control is None or self.core.models[name].on_gpus:
+            raise InvalidRequest(f"model '{name}' runs on the GPUs or a cluster's workers: only CPU models unload at run time")
+        # Served no more (404), yet kept for the requests already accepted until they end.
+        self.unloading[name] = runtime
+        try:
+            deadline = time.perf_counter() + timeout_s
+            while self.core.busy(name) and time.perf_counter() < deadline:
+                await asyncio.sleep(0.02)
+            self._carry_out(self.core.drop_queue(name, f"model '{name}' was unloaded before this request ran"), name)
+            while self.core.busy(name):  # a batch still running ends by itself (or its hang timeout)
+                await asyncio.sleep(0.02)
+            self.control.remove_model(name)
+            self.core.remove_model(name)
+            for executor in runtime.executors:
+                await executor.stop()
+                self.executors.pop(executor.id, None)
+            self.config.models.pop(name, None)
+            del self.models[name]
+        finally:
+            del self.unloading[name]
+        log.info("model %s: unloaded", name)
 
     async def stop(self) -> None:
         if self._timer is not None:

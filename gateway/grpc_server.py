@@ -12,8 +12,9 @@ Triton maps its HTTP statuses: 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE
 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 401 UNAUTHENTICATED.
 
 Tokens are the HTTP ones, as metadata (``authorization: Bearer TOKEN``): health calls are open,
-the rest need the data token where one is set. Model repository, shared memory, trace and log
-settings are not served (UNIMPLEMENTED, with the reason).
+the rest need the data token where one is set, and the model repository calls the admin token,
+as HTTP's /v2/repository. Shared memory, trace and log settings are not served (UNIMPLEMENTED,
+with the reason).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_bytes
 from gateway.engine import RequestFailed
 from gateway.protocol import InvalidRequest, parse_infer_request
+from gateway.repository import load_from_repository, repository_index
 
 if TYPE_CHECKING:
     from gateway.engine import Engine, ModelRuntime, Result
@@ -67,6 +69,7 @@ CONTENTS_FIELD = {
 # A gRPC message may carry this much (grpc's default is 4 MiB, too small for images): the HTTP
 # body limit, so that one request fits either protocol.
 OPEN_METHODS = {"ServerLive", "ServerReady"}
+REPOSITORY_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"}
 
 
 class Refused(Exception):
@@ -193,6 +196,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         stats = {"model_stats": [r.statistics.to_triton(r.name, MODEL_VERSION) for r in runtimes]}
         return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
+    # -- the model repository (gateway/repository.py, as HTTP's /v2/repository) ---------------------
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        entries = repository_index(self.engine, request.ready)
+        return service_pb2.RepositoryIndexResponse(models=[service_pb2.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+
+    async def RepositoryModelLoad(self, request, context):  # noqa: N802
+        config = request.parameters["config"].string_param if "config" in request.parameters else None
+        try:
+            await load_from_repository(self.engine, request.model_name, config)
+        except InvalidRequest as error:
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error))
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):  # noqa: N802
+        try:
+            await self.engine.unload_model(request.model_name)
+        except InvalidRequest as error:
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error))
+        return service_pb2.RepositoryModelUnloadResponse()
+
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request, context):  # noqa: N802
         runtime = await self._runtime(request.model_name, request.model_version, context)
@@ -261,8 +284,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         from gateway.server import MODEL_VERSION
 
         runtime = self.engine.models.get(name) or self.engine.pipelines.get(name)
-        if runtime is None:
-            known = ", ".join(sorted([*self.engine.models, *self.engine.pipelines]))
+        if runtime is None or name in self.engine.unloading:
+            known = ", ".join(sorted({*self.engine.models, *self.engine.pipelines} - set(self.engine.unloading)))
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; served models: {known}")
         if version and version != MODEL_VERSION:
             await context.abort(
@@ -272,25 +295,28 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):
-    """The data token of HTTP's /v2, as ``authorization: Bearer TOKEN`` metadata; health stays open."""
+    """The tokens of HTTP, as ``authorization: Bearer TOKEN`` metadata: the repository calls the
+    admin token (HTTP's /v2/repository), the others the data token (/v2); health stays open."""
 
-    def __init__(self, token: str | None):
+    def __init__(self, token: str | None, admin_token: str | None = None):
         self.expected = f"Bearer {token}".encode() if token else None
+        self.admin = f"Bearer {admin_token}".encode() if admin_token else None
 
     async def intercept_service(self, continuation, details):
         method = details.method.rsplit("/", 1)[-1]
-        if self.expected is None or method in OPEN_METHODS:
+        which, expected = ("admin", self.admin) if method in REPOSITORY_METHODS else ("data", self.expected)
+        if expected is None or method in OPEN_METHODS:
             return await continuation(details)
         given = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self.expected):
+        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, expected):
             return await continuation(details)
-        return _refuse_unauthenticated()
+        return _refuse_unauthenticated(which)
 
 
-def _refuse_unauthenticated() -> grpc.RpcMethodHandler:
+def _refuse_unauthenticated(which: str) -> grpc.RpcMethodHandler:
     async def refuse(request, context):
         await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED, "this call needs the data token: metadata authorization: Bearer TOKEN"
+            grpc.StatusCode.UNAUTHENTICATED, f"this call needs the {which} token: metadata authorization: Bearer TOKEN"
         )
 
     return grpc.unary_unary_rpc_method_handler(refuse)
@@ -298,10 +324,10 @@ def _refuse_unauthenticated() -> grpc.RpcMethodHandler:
 
 async def start_grpc(handlers: Handlers, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
     """The gRPC service on ``host``:``port``, started; ``stop(grace)`` it at shutdown."""
-    token = handlers.engine.config.server.data_token
+    token, admin_token = handlers.engine.config.server.data_token, handlers.engine.config.server.admin_token
     server = grpc.aio.server(
         # No token, no guard: an interceptor costs every call a coroutine more.
-        interceptors=[TokenGuard(token)] if token else [],
+        interceptors=[TokenGuard(token, admin_token)] if token or admin_token else [],
         options=[("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", max_message_bytes)],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers), server)

@@ -19,6 +19,7 @@ from executors.lifecycle import SupervisedExecutor
 from executors.limits import Actuator, make_actuator
 from executors.process import ProcessExecutor
 from gateway.config import GatewayConfig
+from gateway.config.schema import ModelConfig
 
 log = logging.getLogger("gateway")
 
@@ -29,6 +30,24 @@ class NodeExecutors:
     docker: DockerBackend | None  # containers' cores: Docker's CPU quota
     cpu: dict[str, SupervisedExecutor] = field(default_factory=dict)  # model -> its CPU executor
     gpus: list[SupervisedExecutor] = field(default_factory=list)
+    executor_class: Callable[..., SupervisedExecutor] = ProcessExecutor
+
+    def cpu_executor(
+        self, model: ModelConfig, socket_dir: Path, on_change: Callable[[str], None] = lambda executor_id: None
+    ) -> SupervisedExecutor:
+        """A model's CPU executor, not started (a model of the config, or one loaded at run time)."""
+        assert model.cpu is not None
+        return self.executor_class(
+            f"cpu-{model.name}",
+            {model.name: model.path},
+            device="cpu",
+            threads=model.cpu.threads,
+            cores=model.cpu.cores,
+            memory_mb=model.cpu.memory_mb,
+            socket_dir=socket_dir,
+            actuator=self.actuator,
+            on_change=functools.partial(on_change, f"cpu-{model.name}"),
+        )
 
     @property
     def by_id(self) -> dict[str, SupervisedExecutor]:
@@ -56,20 +75,11 @@ def build_node_executors(
         executor_class = functools.partial(DockerExecutor, docker_backend=node.docker, cfs_period_us=config.control.cfs_period_us)
     else:
         node.actuator = make_actuator(config.control.actuator, config.control.cfs_period_us)
+    node.executor_class = executor_class
     for name, model in config.models.items():
         if model.cpu is None:
             continue  # cpu_executor = false: the GPU executors alone serve it
-        node.cpu[name] = executor_class(
-            f"cpu-{name}",
-            {name: model.path},
-            device="cpu",
-            threads=model.cpu.threads,
-            cores=model.cpu.cores,
-            memory_mb=model.cpu.memory_mb,
-            socket_dir=socket_dir,
-            actuator=node.actuator,
-            on_change=functools.partial(on_change, f"cpu-{name}"),
-        )
+        node.cpu[name] = node.cpu_executor(model, socket_dir, on_change)
     # ROMA's GC (Section 3, Algorithm 2): the cores the supervisor keeps from the models feed the
     # GPUs, so the GPU executors get them, shared evenly, as a quota of their own (a group per
     # executor id) that the models' executors cannot take. GC = 0: uncapped, as before.

@@ -26,7 +26,7 @@ def plane(path: str) -> Plane | None:
     Health, /metrics and /openapi.json stay open: probes and scrapers must reach them. So do the
     live page /ui and its files: they hold no data, and the page asks /admin/live with the token.
     """
-    if path.startswith("/admin"):
+    if path.startswith(("/admin", "/v2/repository")):  # loading and unloading models is the admin's
         return "admin"
     if path.startswith("/v2") and not path.startswith("/v2/health"):
         return "data"
@@ -143,6 +143,31 @@ ROUTES: tuple[Route, ...] = (
         Reply("ModelStats", "model_stats, one entry a model"),
     ),
     *(route for prefix in MODEL_VERSION_PREFIXES for route in _model_routes(prefix)),
+    # -- Triton's model repository extension (the admin token where one is set) ----------------
+    Route(
+        "POST",
+        "/v2/repository/index",
+        "repository_index",
+        "The models of the config and of model_dir's repository, with their states",
+        Reply({"type": "array", "items": {"type": "object"}}, "name, version, state, reason of each model"),
+        (400,),
+    ),
+    Route(
+        "POST",
+        "/v2/repository/models/{model}/load",
+        "repository_load",
+        "Load (or reload) a model: its executor started and profiled, then served",
+        Reply({"type": "object"}, "empty once the model is ready"),
+        (400, 404),
+    ),
+    Route(
+        "POST",
+        "/v2/repository/models/{model}/unload",
+        "repository_unload",
+        "Unload a model: new requests 404, those accepted finish, its executor stops",
+        Reply({"type": "object"}, "empty once unloaded"),
+        (400, 404),
+    ),
     # -- the gateway's own ----------------------------------------------------------------------
     Route("GET", "/metrics", "metrics", "Prometheus metrics", Reply({"type": "string"}, "text exposition", "text/plain")),
     Route("GET", "/admin/models", "admin_models", "Every model's state", Reply({"type": "object"}, "models")),

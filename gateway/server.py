@@ -27,6 +27,7 @@ from gateway.metrics import GatewayMetrics, triton_exposition
 from gateway.observe import observe, record_of
 from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
+from gateway.repository import load_from_repository, repository_index
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
 from gateway.tracing import RequestTracer, start_tracing
 from gateway.ui.assets import ASSETS, PAGE, read_asset
@@ -46,7 +47,7 @@ HANDLER_SHUTDOWN_S = 0.25
 MODEL_VERSION = "1"
 # What /v2 lists: the binary tensor data, model configuration and statistics extensions of
 # Triton (perf_analyzer asks for statistics only where they are listed).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -194,8 +195,8 @@ class Handlers:
         """The model the path names; a pipeline is served as a model (the same fields)."""
         name = request.match_info["model"]
         runtime = self.engine.models.get(name) or self.engine.pipelines.get(name)
-        if runtime is None:
-            known = ", ".join(sorted([*self.engine.models, *self.engine.pipelines]))
+        if runtime is None or name in self.engine.unloading:
+            known = ", ".join(sorted({*self.engine.models, *self.engine.pipelines} - set(self.engine.unloading)))
             raise InvalidRequest(f"unknown model '{name}'; served models: {known}", status=404)
         version = request.match_info.get("version")
         if version is not None and version != MODEL_VERSION:
@@ -398,6 +399,26 @@ class Handlers:
             raise InvalidRequest('the body must be {"dispatch_batch": N} with N a whole number from 1')
         self.engine.set_dispatch_batch(runtime, rows)
         return web.json_response(self.engine.describe(runtime))
+
+    # -- Triton's model repository extension ------------------------------------------------------
+    async def repository_index(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request) if request.can_read_body else {}
+        ready_only = body.get("ready", False) if isinstance(body, dict) else False
+        if not isinstance(ready_only, bool):
+            raise InvalidRequest("'ready' must be true or false")
+        return web.json_response(repository_index(self.engine, ready_only))
+
+    async def repository_load(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request) if request.can_read_body else {}
+        parameters = body.get("parameters", {}) if isinstance(body, dict) else None
+        if not isinstance(parameters, dict):
+            raise InvalidRequest("'parameters' must be an object")
+        await load_from_repository(self.engine, request.match_info["model"], parameters.get("config"))
+        return web.json_response({})
+
+    async def repository_unload(self, request: web.Request) -> web.Response:
+        await self.engine.unload_model(request.match_info["model"])
+        return web.json_response({})
 
     async def admin_cluster(self, request: web.Request) -> web.Response:
         if self.engine.cluster is None:

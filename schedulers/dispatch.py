@@ -192,6 +192,37 @@ class DispatchCore:
             self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late, state.queue)
             state.on_gpus = True
 
+    def remove_model(self, model: str) -> None:
+        """A model unloaded at run time, its queue empty and no batch of it running: the core
+        forgets it and its CPU executors (the GPU executors stay, for the other models)."""
+        state = self.models[model]
+        if state.queue or any(e.batch is not None for e in state.cpu_executors):
+            raise ValueError(f"model '{model}' still has requests queued or running")
+        for executor in state.cpu_executors:
+            self.executors.pop(executor.id, None)
+        if state in self._cpu_models:
+            self._cpu_models.remove(state)
+        self._touched.pop(model, None)
+        del self.models[model]
+        if self.gpu_scheduler is not None:
+            self.gpu_scheduler.models.pop(model, None)
+
+    def drop_queue(self, model: str, message: str) -> list[Action]:
+        """Answer every queued request of ``model`` 503 with ``message`` (it is being unloaded)."""
+        state = self.models[model]
+        dropped = list(state.queue)
+        state.queue.items.clear()
+        state.queue.rows, state.queue.arrival_sum = 0, 0.0
+        if not dropped:
+            return []
+        self._end(dropped)
+        return [Fail(tuple(dropped), 503, "unloaded", message)]
+
+    def busy(self, model: str) -> bool:
+        """Requests of the model are queued, or a batch of it runs."""
+        state = self.models[model]
+        return bool(state.queue) or any(e.batch is not None and e.batch.model == model for e in self.executors.values())
+
     def add_executor(self, executor_id: str, device: str, model: str | None = None) -> None:
         """A CPU executor of ``model``, or (``device`` "gpu", no model) a GPU executor of every model."""
         executor = ExecutorState(executor_id, device, model)

@@ -78,6 +78,11 @@ class NodeSupervisor:
         self._pending[name] = Window()
         self._due[name] = now + controller.period_s
 
+    def remove(self, name: str) -> None:
+        """A model unloaded at run time: its cores go back to the others at the next grant."""
+        for table in (self.controllers, self._demands, self.min_cores, self.deficits, self._pending, self._due):
+            table.pop(name, None)
+
     def step(self, now: float, served: Mapping[str, Window], sla_ms: Mapping[str, float]) -> dict[str, Allocation]:
         for name, controller in self.controllers.items():
             window = self._pending[name]

@@ -1,0 +1,138 @@
+"""Triton's model repository extension: the models under ``server.model_dir`` that may be loaded
+at run time, beside those of the config (explicit model control: nothing under the folder is
+loaded until asked).
+
+A repository model is a folder ``model_dir/NAME`` holding either ``config.toml`` (the keys of a
+``[models.NAME]`` table, ``path`` relative to that folder) or versions ``VERSION/model.onnx``
+(whole numbers; the highest is served, with the defaults for the rest). A load may override the
+config with a JSON object of the same keys (Triton's ``parameters.config``); an unknown key or
+a bad value is refused naming it, as a config file's would be.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from gateway.config import ConfigError, GatewayConfig, ModelConfig
+from gateway.config.loading import _file_adapter, _model, _problem
+from gateway.protocol import InvalidRequest
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
+
+CONFIG_FILE = "config.toml"
+MODEL_FILE = "model.onnx"
+# Triton's model states in the repository index.
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass(frozen=True)
+class RepositoryModel:
+    """A model found under model_dir: its folder, its config file if any, its latest version."""
+
+    name: str
+    folder: Path
+    version: str | None  # the served version folder (None: a config.toml names the file)
+
+    def table(self) -> dict[str, Any]:
+        """The model's [models.NAME] keys: its config.toml, or the latest version's file."""
+        config_file = self.folder / CONFIG_FILE
+        if config_file.is_file():
+            try:
+                table = tomllib.loads(config_file.read_text())
+            except tomllib.TOMLDecodeError as error:
+                raise InvalidRequest(f"model '{self.name}': {config_file}: {error}") from None
+            if isinstance(table.get("path"), str) and not Path(table["path"]).is_absolute():
+                table["path"] = str(self.folder / table["path"])
+            return table
+        assert self.version is not None
+        return {"path": str(self.folder / self.version / MODEL_FILE), "sla_ms": 100.0}
+
+
+def scan(model_dir: Path | None) -> dict[str, RepositoryModel]:
+    """The repository models under ``model_dir``, by name."""
+    found: dict[str, RepositoryModel] = {}
+    if model_dir is None or not model_dir.is_dir():
+        return found
+    for folder in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+        versions = sorted(int(v.name) for v in folder.iterdir() if v.name.isdigit() and (v / MODEL_FILE).is_file())
+        if (folder / CONFIG_FILE).is_file():
+            found[folder.name] = RepositoryModel(folder.name, folder, None)
+        elif versions:
+            found[folder.name] = RepositoryModel(folder.name, folder, str(versions[-1]))
+    return found
+
+
+def parse_override(text: object) -> dict[str, Any]:
+    """Triton's ``parameters.config``: a JSON object (as a string) of the model's config keys."""
+    if text is None:
+        return {}
+    if not isinstance(text, str):
+        raise InvalidRequest("parameter 'config' must be a string holding a JSON object of the model's config keys")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidRequest(f"parameter 'config' is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("parameter 'config' must hold a JSON object of the model's config keys")
+    # Triton's own name for the name is not a setting here: the path names the model.
+    value.pop("name", None)
+    return value
+
+
+def model_config(config: GatewayConfig, name: str, table: dict[str, Any]) -> ModelConfig:
+    """``table`` checked as a [models.NAME] table of ``config``'s file would be: a 400 naming the
+    key where it is wrong."""
+    try:
+        # As a file of that one table: the problems are worded as a config file's.
+        checked = _file_adapter().validate_json(json.dumps({"models": {name: table}}), strict=True).models[name]
+    except ValidationError as error:
+        key, problem = _problem(error.errors(include_url=False)[0])
+        raise InvalidRequest(f"model config: {key}: {problem}") from None
+    cpu_models = sum(m.cpu is not None for m in config.models.values()) + 1
+    try:
+        return _model(config.source, name, checked, config.server, config.node, config.gpu, config.node.cpu_cores / cpu_models)
+    except ConfigError as error:
+        raise InvalidRequest(f"model config: {str(error).partition(': ')[2]}") from None
+
+
+def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's index: every model of the config and of the repository, with its state (READY,
+    UNLOADING, UNAVAILABLE with the reason), by name; ``ready_only``: the READY ones."""
+    entries: dict[str, dict[str, str]] = {}
+    for name, found in scan(engine.config.server.model_dir).items():
+        entries[name] = {"name": name, "version": found.version or "1", "state": UNAVAILABLE, "reason": "unloaded"}
+    for name, runtime in engine.models.items():
+        entries[name] = {"name": name, "version": "1", "state": READY if runtime.ready else UNAVAILABLE, "reason": ""}
+    for name in engine.unloading:
+        entries[name] = {"name": name, "version": "1", "state": UNLOADING, "reason": ""}
+    listed = [entries[name] for name in sorted(entries)]
+    return [e for e in listed if e["state"] == READY] if ready_only else listed
+
+
+async def load_from_repository(engine: Engine, name: str, override_text: object) -> None:
+    """Load ``name`` (from the repository, or the config's own model again) with the config
+    override of Triton's ``parameters.config``; a 404 for a model found nowhere."""
+    override = parse_override(override_text)
+    found = scan(engine.config.server.model_dir).get(name)
+    current = engine.models.get(name)
+    if found is not None:
+        table = found.table()
+    elif current is not None or name in engine.config.models:
+        model = current.config if current is not None else engine.config.models[name]
+        table = {"path": str(model.path), "sla_ms": model.sla_ms, "max_batch_size": model.max_batch_size}
+    else:
+        known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.models}))
+        raise InvalidRequest(f"no model '{name}' in the repository ({engine.config.server.model_dir}); known: {known}", 404)
+    from executors.lifecycle import ExecutorStartError
+
+    try:
+        await engine.load_model(model_config(engine.config, name, {**table, **override}))
+    except ExecutorStartError as error:
+        raise InvalidRequest(f"model '{name}' failed to load: {error}") from None

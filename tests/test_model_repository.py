@@ -1,0 +1,156 @@
+"""Triton's model repository extension (gateway/repository.py): a model loaded through
+tritonclient while another serves under load, answering as onnxruntime does; unloaded with
+requests in flight, each of which still gets an answer; the index, a bad config override, the
+admin token, and the same calls over gRPC."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import requests
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.helpers import free_port, run_gateway
+
+MLP_BODY = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.25] * 512}]}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, example_models):
+    folder = tmp_path_factory.mktemp("repository")
+    shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
+    # Repository models: one by version folders (defaults for the rest), one with its config.toml.
+    (folder / "mlp2" / "1").mkdir(parents=True)
+    shutil.copy(example_models / "mlp.onnx", folder / "mlp2" / "1" / "model.onnx")
+    (folder / "small").mkdir()
+    shutil.copy(example_models / "cnn_small.onnx", folder / "small" / "cnn_small.onnx")
+    (folder / "small" / "config.toml").write_text('path = "cnn_small.onnx"\nsla_ms = 500\nmax_batch_size = 4\n')
+    (folder / "config.toml").write_text(
+        """
+[server]
+admin_token = "an-admin-token-of-length"
+[node]
+cpu_cores = 2.0
+[control]
+policy = "fixed"
+[models.mlp]
+path = "mlp.onnx"
+sla_ms = 200
+cpu = { cores = 0.5, threads = 1 }
+"""
+    )
+    grpc_port = free_port()
+    with run_gateway(folder / "config.toml", args=["--grpc-port", str(grpc_port)]) as gateway:
+        gateway.grpc_url = f"127.0.0.1:{grpc_port}"
+        gateway.folder = folder
+        yield gateway
+
+
+ADMIN = {"Authorization": "Bearer an-admin-token-of-length"}
+
+
+def index(gateway) -> dict[str, str]:
+    response = requests.post(f"{gateway.base}/v2/repository/index", headers=ADMIN, timeout=10)
+    assert response.status_code == 200, response.text
+    return {e["name"]: e["state"] for e in response.json()}
+
+
+def test_a_model_is_loaded_served_and_unloaded_while_another_serves(repository, example_models):
+    base = repository.base
+    client = triton.InferenceServerClient(repository.url, network_timeout=120)
+    assert index(repository) == {"mlp": "READY", "mlp2": "UNAVAILABLE", "small": "UNAVAILABLE"}
+    assert requests.post(f"{base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 404
+
+    serving: list[int] = []
+    stop = threading.Event()
+
+    def load_on_mlp() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                serving.append(session.post(f"{base}/v2/models/mlp/infer", json=MLP_BODY, timeout=30).status_code)
+
+    thread = threading.Thread(target=load_on_mlp)
+    thread.start()
+    try:
+        client.load_model("mlp2", headers=ADMIN)
+        assert client.is_model_ready("mlp2")
+        assert index(repository)["mlp2"] == "READY"
+        array = np.random.default_rng(2).random((3, 512), dtype=np.float32)
+        tensor = triton.InferInput("x", [3, 512], "FP32")
+        tensor.set_data_from_numpy(array)
+        expected = ort.InferenceSession(str(example_models / "mlp.onnx")).run(None, {"x": array})[0]
+        np.testing.assert_allclose(client.infer("mlp2", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+
+        # Unloaded with requests to it in flight: each ends with an answer, none is lost.
+        in_flight: list[tuple[int, str]] = []
+
+        def send_to_mlp2() -> None:
+            with requests.Session() as session:
+                for _ in range(40):
+                    response = session.post(f"{base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=30)
+                    in_flight.append((response.status_code, response.text))
+
+        senders = [threading.Thread(target=send_to_mlp2) for _ in range(4)]
+        for sender in senders:
+            sender.start()
+        time.sleep(0.05)
+        client.unload_model("mlp2", headers=ADMIN)
+        for sender in senders:
+            sender.join()
+    finally:
+        stop.set()
+        thread.join()
+    assert len(in_flight) == 160
+    statuses = {status for status, _ in in_flight}
+    assert statuses <= {200, 404, 503} and 404 in statuses, statuses
+    assert all("unloaded" in text or "unknown model" in text for status, text in in_flight if status != 200)
+    after = requests.post(f"{base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10)
+    assert after.status_code == 404 and "unknown model 'mlp2'" in after.json()["error"]
+    assert index(repository)["mlp2"] == "UNAVAILABLE"
+    assert serving and set(serving) == {200}  # the model that stayed served every request
+    # Its cores went back: the supervisor's arithmetic has only mlp again.
+    assert [m["name"] for m in requests.get(f"{base}/admin/models", headers=ADMIN, timeout=10).json()["models"]] == ["mlp"]
+
+
+def test_a_bad_override_and_an_unknown_model_are_refused_naming_them(repository):
+    client = triton.InferenceServerClient(repository.url)
+    with pytest.raises(InferenceServerException, match=r"max_batch: unknown key"):
+        client.load_model("small", headers=ADMIN, config=json.dumps({"max_batch": 3}))
+    with pytest.raises(InferenceServerException, match=r"sla_ms: must be a positive number"):
+        client.load_model("small", headers=ADMIN, config=json.dumps({"sla_ms": -5}))
+    with pytest.raises(InferenceServerException, match=r"no model 'nothing' in the repository"):
+        client.load_model("nothing", headers=ADMIN)
+    # The admin token is needed.
+    assert requests.post(f"{repository.base}/v2/repository/models/small/load", timeout=10).status_code == 401
+    assert index(repository)["small"] == "UNAVAILABLE"
+
+
+def test_the_repository_over_grpc(repository, example_models):
+    client = triton_grpc.InferenceServerClient(repository.grpc_url)
+    metadata = {"authorization": "Bearer an-admin-token-of-length"}
+    with pytest.raises(InferenceServerException) as refused:
+        client.load_model("small")  # no admin token
+    assert refused.value.status() == str(grpc.StatusCode.UNAUTHENTICATED)
+    client.load_model("small", headers=metadata, config=json.dumps({"sla_ms": 300}))
+    states = {m.name: m.state for m in client.get_model_repository_index(headers=metadata).models}
+    assert states["small"] == "READY"
+    array = np.random.default_rng(4).random((2, 3, 32, 32), dtype=np.float32)
+    tensor = triton_grpc.InferInput("x", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    expected = ort.InferenceSession(str(Path(repository.folder) / "small" / "cnn_small.onnx")).run(None, {"x": array})[0]
+    np.testing.assert_allclose(client.infer("small", [tensor]).as_numpy("logits"), expected, rtol=1e-4, atol=1e-5)
+    assert requests.get(f"{repository.base}/admin/models/small", headers=ADMIN, timeout=10).json()["sla_ms"] == 300
+    client.unload_model("small", headers=metadata)
+    with pytest.raises(InferenceServerException) as gone:
+        client.infer("small", [tensor])
+    assert gone.value.status() == str(grpc.StatusCode.NOT_FOUND)
