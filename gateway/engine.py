@@ -144,6 +144,9 @@ class ModelRuntime:
     received: int = 0  # infer requests received; each ends in exactly one of ``outcomes``
     statistics: ModelStatistics = field(default_factory=ModelStatistics)  # Triton's, since start
     dispatch_batch: int = 0  # a planned CPU batch size; 0 until set: the config's
+    # A version of a repository model: the name clients use and its version (None: the config's
+    # name, version 1).
+    served_as: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.dispatch_batch = self.dispatch_batch or self.config.dispatch_batch
@@ -170,6 +173,14 @@ class ModelRuntime:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def served_name(self) -> str:
+        return self.served_as[0] if self.served_as else self.config.name
+
+    @property
+    def version(self) -> str:
+        return self.served_as[1] if self.served_as else "1"
 
     @property
     def ready(self) -> bool:
@@ -226,6 +237,8 @@ class Engine:
         self.node: NodeExecutors | None = None  # this node's executors (None on a dispatcher)
         # Models being unloaded (the repository extension): no longer served, their queues draining.
         self.unloading: dict[str, ModelRuntime] = {}
+        # Repository models served in several versions: name -> version -> the runtime's key.
+        self.versions: dict[str, dict[str, str]] = {}
         self.pipelines: dict[str, PipelineRuntime] = {}  # built at start, once the models' signatures are known
         if config.cluster is not None:
             # A dispatcher: the executors are its workers', handed over as they connect.
@@ -415,6 +428,45 @@ class Engine:
         )
 
     # -- models loaded and unloaded at run time (the repository extension) ----------------------
+    async def load_versions(self, name: str, models: dict[str, ModelConfig]) -> None:
+        """A repository model's versions (version -> its config, keyed ``NAME.vN``), served side by
+        side under ``name``: ``/versions/N`` chooses one, the highest by default."""
+        if name in self.models or name in self.versions:
+            await self.unload_model(name)
+        loaded: dict[str, str] = {}
+        try:
+            for version, model in sorted(models.items(), key=lambda item: int(item[0])):
+                runtime = await self.load_model(model)
+                runtime.served_as = (name, version)
+                loaded[version] = model.name
+        except BaseException:
+            for key in loaded.values():
+                await self.unload_model(key)
+            raise
+        self.versions[name] = loaded
+
+    def served_names(self) -> list[str]:
+        """The names clients use: models (a versioned one once) and pipelines."""
+        versioned = {key for keys in self.versions.values() for key in keys.values()}
+        models = {n for n in self.models if n not in versioned and n not in self.unloading}
+        return sorted({*models, *self.versions, *self.pipelines})
+
+    def versions_of(self, runtime: ModelRuntime | PipelineRuntime) -> list[str]:
+        served_as = getattr(runtime, "served_as", None)
+        return sorted(self.versions[served_as[0]], key=int) if served_as else ["1"]
+
+    def resolve(self, name: str, version: str | None) -> ModelRuntime | None:
+        """The runtime that serves ``name`` at ``version`` (None: the default), or None."""
+        versions = self.versions.get(name)
+        if versions is not None:
+            key = versions.get(version) if version else versions[max(versions, key=int)]
+        elif version in (None, "1"):
+            key = name
+        else:
+            return None
+        runtime = self.models.get(key) if key is not None else None
+        return runtime if runtime is not None and key not in self.unloading else None
+
     async def load_model(self, model: ModelConfig) -> ModelRuntime:
         """Start ``model``'s CPU executor, profile it, and serve it: in the dispatch core, and in
         the node supervisor's arithmetic of cores. A model served already is unloaded first (a
@@ -455,6 +507,10 @@ class Engine:
         """Stop serving ``name``: new requests get 404 at once; those accepted finish (for at most
         ``timeout_s``, then the queued ones are answered 503); its executor stops and its cores go
         back to the other models."""
+        if name in self.versions:
+            for key in self.versions.pop(name).values():
+                await self.unload_model(key, timeout_s)
+            return
         runtime = self.models.get(name)
         if runtime is None or name in self.unloading:
             raise InvalidRequest(f"unknown model '{name}'; served models: {', '.join(sorted(self.models))}", status=404)
@@ -502,6 +558,9 @@ class Engine:
     def submit(self, runtime: ModelRuntime, request: InferRequest, arrival: float) -> asyncio.Future[Result]:
         """Hand a parsed request to the dispatch core; the future ends with a Result or a RequestFailed."""
         assert runtime.signature is not None
+        if runtime.name in self.unloading or runtime.name not in self.core.models:
+            # Its handler found it before an unload began, and read its body meanwhile.
+            raise RequestFailed(f"model '{runtime.served_name}' was unloaded before this request ran", 503, "unloaded")
         levels = runtime.config.priority_levels
         if request.priority > levels:
             raise InvalidRequest(

@@ -159,7 +159,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=runtime.ready and not self.handlers.draining)
 
     async def ModelMetadata(self, request, context):  # noqa: N802
-        from gateway.server import MODEL_VERSION
 
         runtime = await self._runtime(request.name, request.version, context)
         signature = runtime.signature
@@ -172,8 +171,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             ]
 
         return service_pb2.ModelMetadataResponse(
-            name=runtime.name,
-            versions=[MODEL_VERSION],
+            name=getattr(runtime, "served_name", runtime.name),
+            versions=self.engine.versions_of(runtime),
             platform=getattr(runtime, "platform", "onnxruntime_onnx"),
             inputs=tensors(signature.inputs),
             outputs=tensors(signature.outputs),
@@ -272,8 +271,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raw.append(bytes(tensor_to_bytes(array, datatype)))
         parameters = result.parameters()
         return service_pb2.ModelInferResponse(
-            model_name=runtime.name,
-            model_version=MODEL_VERSION,
+            model_name=getattr(runtime, "served_name", runtime.name),
+            model_version=getattr(runtime, "version", MODEL_VERSION),
             id=parsed.id or "",
             outputs=outputs,
             raw_output_contents=raw,
@@ -281,16 +280,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def _runtime(self, name: str, version: str, context) -> Any:
-        from gateway.server import MODEL_VERSION
-
-        runtime = self.engine.models.get(name) or self.engine.pipelines.get(name)
-        if runtime is None or name in self.engine.unloading:
-            known = ", ".join(sorted({*self.engine.models, *self.engine.pipelines} - set(self.engine.unloading)))
+        engine = self.engine
+        runtime = engine.resolve(name, version or None) or (engine.pipelines.get(name) if version in ("", "1") else None)
+        if runtime is None:
+            if name in engine.versions:
+                served = ", ".join(sorted(engine.versions[name], key=int))
+                message = f"model '{name}' has no version '{version}'; served versions: {served}"
+                await context.abort(grpc.StatusCode.NOT_FOUND, message)
+            known = ", ".join(engine.served_names())
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; served models: {known}")
-        if version and version != MODEL_VERSION:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"model '{name}' has no version '{version}'; served version: {MODEL_VERSION}"
-            )
         return runtime
 
 

@@ -500,6 +500,7 @@ def encode_infer_response(
     outputs: dict[str, np.ndarray],
     datatypes: dict[str, str],
     parameters: dict[str, Any],
+    version: str = "1",
 ) -> tuple[bytes, int | None]:
     """The response body and, when any output is binary, the JSON header's length.
 
@@ -530,7 +531,7 @@ def encode_infer_response(
             else:
                 entry["data"] = data
         outputs_json.append(entry)
-    response: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": outputs_json, "parameters": parameters}
+    response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs_json, "parameters": parameters}
     if request.id is not None:
         response["id"] = request.id
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -38,10 +38,14 @@ class RepositoryModel:
 
     name: str
     folder: Path
-    version: str | None  # the served version folder (None: a config.toml names the file)
+    versions: tuple[str, ...]  # its version folders, lowest first (none: a config.toml names the file)
 
-    def table(self) -> dict[str, Any]:
-        """The model's [models.NAME] keys: its config.toml, or the latest version's file."""
+    @property
+    def version(self) -> str:
+        return self.versions[-1] if self.versions else "1"
+
+    def table(self, version: str | None = None) -> dict[str, Any]:
+        """The model's [models.NAME] keys: its config.toml, or a version's file (the latest by default)."""
         config_file = self.folder / CONFIG_FILE
         if config_file.is_file():
             try:
@@ -51,8 +55,7 @@ class RepositoryModel:
             if isinstance(table.get("path"), str) and not Path(table["path"]).is_absolute():
                 table["path"] = str(self.folder / table["path"])
             return table
-        assert self.version is not None
-        return {"path": str(self.folder / self.version / MODEL_FILE), "sla_ms": 100.0}
+        return {"path": str(self.folder / (version or self.version) / MODEL_FILE), "sla_ms": 100.0}
 
 
 def scan(model_dir: Path | None) -> dict[str, RepositoryModel]:
@@ -63,9 +66,9 @@ def scan(model_dir: Path | None) -> dict[str, RepositoryModel]:
     for folder in sorted(p for p in model_dir.iterdir() if p.is_dir()):
         versions = sorted(int(v.name) for v in folder.iterdir() if v.name.isdigit() and (v / MODEL_FILE).is_file())
         if (folder / CONFIG_FILE).is_file():
-            found[folder.name] = RepositoryModel(folder.name, folder, None)
+            found[folder.name] = RepositoryModel(folder.name, folder, ())
         elif versions:
-            found[folder.name] = RepositoryModel(folder.name, folder, str(versions[-1]))
+            found[folder.name] = RepositoryModel(folder.name, folder, tuple(str(v) for v in versions))
     return found
 
 
@@ -105,14 +108,16 @@ def model_config(config: GatewayConfig, name: str, table: dict[str, Any]) -> Mod
 def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str, str]]:
     """Triton's index: every model of the config and of the repository, with its state (READY,
     UNLOADING, UNAVAILABLE with the reason), by name; ``ready_only``: the READY ones."""
-    entries: dict[str, dict[str, str]] = {}
+    entries: dict[tuple[str, str], dict[str, str]] = {}
+    served = {runtime.served_name for runtime in engine.models.values()}
     for name, found in scan(engine.config.server.model_dir).items():
-        entries[name] = {"name": name, "version": found.version or "1", "state": UNAVAILABLE, "reason": "unloaded"}
-    for name, runtime in engine.models.items():
-        entries[name] = {"name": name, "version": "1", "state": READY if runtime.ready else UNAVAILABLE, "reason": ""}
-    for name in engine.unloading:
-        entries[name] = {"name": name, "version": "1", "state": UNLOADING, "reason": ""}
-    listed = [entries[name] for name in sorted(entries)]
+        if name not in served:
+            entries[name, found.version] = {"name": name, "version": found.version, "state": UNAVAILABLE, "reason": "unloaded"}
+    for key, runtime in engine.models.items():
+        state = UNLOADING if key in engine.unloading else READY if runtime.ready else UNAVAILABLE
+        name, version = runtime.served_name, runtime.version
+        entries[name, version] = {"name": name, "version": version, "state": state, "reason": ""}
+    listed = [entries[key] for key in sorted(entries, key=lambda k: (k[0], int(k[1]) if k[1].isdigit() else 0))]
     return [e for e in listed if e["state"] == READY] if ready_only else listed
 
 
@@ -133,6 +138,11 @@ async def load_from_repository(engine: Engine, name: str, override_text: object)
     from executors.lifecycle import ExecutorStartError
 
     try:
-        await engine.load_model(model_config(engine.config, name, {**table, **override}))
+        if found is not None and found.versions:
+            # Every version side by side, each its own runtime (NAME.vN), served under NAME.
+            configs = {v: model_config(engine.config, f"{name}.v{v}", {**found.table(v), **override}) for v in found.versions}
+            await engine.load_versions(name, configs)
+        else:
+            await engine.load_model(model_config(engine.config, name, {**table, **override}))
     except ExecutorStartError as error:
         raise InvalidRequest(f"model '{name}' failed to load: {error}") from None

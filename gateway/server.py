@@ -194,13 +194,14 @@ class Handlers:
     def _runtime(self, request: web.Request) -> ModelRuntime:
         """The model the path names; a pipeline is served as a model (the same fields)."""
         name = request.match_info["model"]
-        runtime = self.engine.models.get(name) or self.engine.pipelines.get(name)
-        if runtime is None or name in self.engine.unloading:
-            known = ", ".join(sorted({*self.engine.models, *self.engine.pipelines} - set(self.engine.unloading)))
-            raise InvalidRequest(f"unknown model '{name}'; served models: {known}", status=404)
         version = request.match_info.get("version")
-        if version is not None and version != MODEL_VERSION:
-            raise InvalidRequest(f"model '{name}' has no version '{version}'; served version: {MODEL_VERSION}", status=404)
+        runtime = self.engine.resolve(name, version) or (self.engine.pipelines.get(name) if version in (None, "1") else None)
+        if runtime is None:
+            if name in self.engine.versions:
+                served = ", ".join(sorted(self.engine.versions[name], key=int))
+                raise InvalidRequest(f"model '{name}' has no version '{version}'; served versions: {served}", status=404)
+            known = ", ".join(self.engine.served_names())
+            raise InvalidRequest(f"unknown model '{name}'; served models: {known}", status=404)
         return runtime
 
     # -- KServe v2 --------------------------------------------------------------------------
@@ -228,8 +229,8 @@ class Handlers:
         assert signature is not None
         return web.json_response(
             {
-                "name": runtime.name,
-                "versions": [MODEL_VERSION],
+                "name": getattr(runtime, "served_name", runtime.name),
+                "versions": self.engine.versions_of(runtime),
                 "platform": getattr(runtime, "platform", "onnxruntime_onnx"),
                 "inputs": [t.as_json() for t in signature.inputs],
                 "outputs": [t.as_json() for t in signature.outputs],
@@ -329,11 +330,12 @@ class Handlers:
         payload, header_length = await self._off_loop(
             sum(output.nbytes for output in result.outputs.values()),
             encode_infer_response,
-            runtime.name,
+            getattr(runtime, "served_name", runtime.name),
             parsed,
             result.outputs,
             datatypes,
             parameters,
+            getattr(runtime, "version", MODEL_VERSION),
         )
         if header_length is None:
             return web.Response(body=payload, content_type="application/json"), "success", result

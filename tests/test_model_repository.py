@@ -13,11 +13,13 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import requests
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
+from onnx import numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import free_port, run_gateway
@@ -35,6 +37,16 @@ def repository(tmp_path_factory, example_models):
     (folder / "small").mkdir()
     shutil.copy(example_models / "cnn_small.onnx", folder / "small" / "cnn_small.onnx")
     (folder / "small" / "config.toml").write_text('path = "cnn_small.onnx"\nsla_ms = 500\nmax_batch_size = 4\n')
+    # Two versions of one model: the MLP, and the MLP with its weights doubled.
+    for version in ("1", "2"):
+        (folder / "duo" / version).mkdir(parents=True)
+    shutil.copy(example_models / "mlp.onnx", folder / "duo" / "1" / "model.onnx")
+    doubled = onnx.load(str(example_models / "mlp.onnx"))
+    for tensor in doubled.graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        tensor.CopyFrom(numpy_helper.from_array((array * 2).astype(array.dtype), tensor.name))
+    doubled.ir_version = 9
+    onnx.save(doubled, str(folder / "duo" / "2" / "model.onnx"))
     (folder / "config.toml").write_text(
         """
 [server]
@@ -68,7 +80,7 @@ def index(gateway) -> dict[str, str]:
 def test_a_model_is_loaded_served_and_unloaded_while_another_serves(repository, example_models):
     base = repository.base
     client = triton.InferenceServerClient(repository.url, network_timeout=120)
-    assert index(repository) == {"mlp": "READY", "mlp2": "UNAVAILABLE", "small": "UNAVAILABLE"}
+    assert index(repository) == {"duo": "UNAVAILABLE", "mlp": "READY", "mlp2": "UNAVAILABLE", "small": "UNAVAILABLE"}
     assert requests.post(f"{base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 404
 
     serving: list[int] = []
@@ -154,3 +166,28 @@ def test_the_repository_over_grpc(repository, example_models):
     with pytest.raises(InferenceServerException) as gone:
         client.infer("small", [tensor])
     assert gone.value.status() == str(grpc.StatusCode.NOT_FOUND)
+
+
+def test_versions_are_served_side_by_side_the_latest_by_default(repository):
+    client = triton.InferenceServerClient(repository.url)
+    client.load_model("duo", headers=ADMIN)
+    array = np.random.default_rng(6).random((2, 512), dtype=np.float32)
+    folder = Path(repository.folder)
+    by_version = {v: ort.InferenceSession(str(folder / "duo" / v / "model.onnx")).run(None, {"x": array})[0] for v in ("1", "2")}
+    assert not np.allclose(by_version["1"], by_version["2"])
+    tensor = triton.InferInput("x", [2, 512], "FP32")
+    tensor.set_data_from_numpy(array)
+    latest = client.infer("duo", [tensor])
+    assert latest.get_response()["model_name"] == "duo" and latest.get_response()["model_version"] == "2"
+    np.testing.assert_allclose(latest.as_numpy("y"), by_version["2"], rtol=1e-5, atol=1e-5)
+    first = client.infer("duo", [tensor], model_version="1")
+    assert first.get_response()["model_version"] == "1"
+    np.testing.assert_allclose(first.as_numpy("y"), by_version["1"], rtol=1e-5, atol=1e-5)
+    assert client.get_model_metadata("duo")["versions"] == ["1", "2"]
+    missing = requests.post(f"{repository.base}/v2/models/duo/versions/3/infer", json=MLP_BODY, timeout=10)
+    assert missing.status_code == 404 and "served versions: 1, 2" in missing.json()["error"]
+    entries = requests.post(f"{repository.base}/v2/repository/index", headers=ADMIN, timeout=10).json()
+    assert [(e["version"], e["state"]) for e in entries if e["name"] == "duo"] == [("1", "READY"), ("2", "READY")]
+    client.unload_model("duo", headers=ADMIN)
+    assert requests.post(f"{repository.base}/v2/models/duo/infer", json=MLP_BODY, timeout=10).status_code == 404
+    assert requests.post(f"{repository.base}/v2/models/duo/versions/1/infer", json=MLP_BODY, timeout=10).status_code == 404
