@@ -290,10 +290,8 @@ class DispatchCore:
         request.state = QUEUED
         heapq.heappush(self._timeouts, (request.timeout_at, request.id, request))
         queue = state.queue
-        if queue and (state.priority_levels > 1 or (own_deadline and request.deadline < queue[-1].deadline)):
-            index = position(queue, request, now, state.priority_bound_s)
-        else:
-            index = len(queue)  # FIFO: every request has the model's SLA and one level
+        # FIFO with one level; with several, ahead of the lower levels (priority.py).
+        index = position(queue, request, now, state.priority_bound_s) if queue and state.priority_levels > 1 else len(queue)
         if index < len(queue):
             queue.insert(index, request)
             if state.on_gpus:

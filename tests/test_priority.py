@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Start
 from schedulers.gpu import GpuScheduler
 from schedulers.priority import position
@@ -80,7 +82,7 @@ def test_position_pure():
     assert position(queue, Request(3, "m", 0.06, 0.16, priority=2), 0.06, 1.0) == 2  # same level: FIFO
     assert position(queue, Request(4, "m", 0.06, 0.16, priority=1), 0.06, 1.0) == 0  # ahead of both
     assert position(queue, Request(5, "m", 0.06, 0.16, priority=1), 0.06, 0.03) == 1  # request 1 waited 60 ms > 30
-    assert position(queue, Request(6, "m", 0.06, 0.12, priority=2), 0.06, 1.0) == 1  # earlier deadline, same level
+    assert position(queue, Request(6, "m", 0.06, 0.12, priority=2), 0.06, 1.0) == 2  # an earlier deadline: still FIFO
     assert position([], Request(7, "m", 0.0), 0.0, 1.0) == 0
 
 
@@ -114,16 +116,18 @@ def gpu_core(levels: int) -> tuple[DispatchCore, Start]:
     return core, start
 
 
-def test_a_tighter_own_deadline_goes_ahead_within_its_level():
+def test_a_tighter_own_deadline_keeps_its_place_and_cuts_the_gpu_batch():
     core, start = gpu_core(levels=1)
     core.on_arrival(Request(2, "m", 0.001), 0.001)
     core.on_arrival(Request(3, "m", 0.002), 0.002)
-    tight = Request(4, "m", 0.003, timeout_s=0.045)  # its deadline: 48 ms
+    tight = Request(4, "m", 0.003, timeout_s=0.075)  # its deadline: 78 ms
     core.on_arrival(tight, 0.003)
-    assert [r.id for r in core.models["m"].queue] == [4, 2, 3]  # earliest deadline first
-    # The GPU is free at 20 ms: l(1) = 20 ms ends at 40 ms, l(2) = 30 ms at 50 ms, past 48.
+    assert [r.id for r in core.models["m"].queue] == [2, 3, 4]  # FIFO: a timeout buys no place
+    # The GPU is free at 20 ms: all three (l(3) = 40 ms) end at 60 ms, within 78 ms; the batch's
+    # latest start is set by request 4's deadline, not by its head's (201 ms).
     (after,) = [a for a in core.on_batch_done(start.batch, 20.0, 0.020) if isinstance(a, Start)]
-    assert [r.id for r in after.batch.requests] == [4]
+    assert [r.id for r in after.batch.requests] == [2, 3, 4]
+    assert after.batch.latest_start == pytest.approx(0.078 - 0.040)
 
 
 def test_a_gpu_batch_ends_by_its_earliest_deadline_not_its_heads():
