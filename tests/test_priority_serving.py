@@ -22,9 +22,12 @@ from tests.helpers import free_port, run_gateway
 LOAD_S = 5.0
 
 
+SHAPE = [1, 3, 128, 128]
+
+
 def body(priority: int | None) -> dict:
-    data = np.random.default_rng(1).random((1, 3, 32, 32), dtype=np.float32).ravel().tolist()
-    request = {"inputs": [{"name": "x", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": data}]}
+    data = np.random.default_rng(1).random(SHAPE, dtype=np.float32).ravel().tolist()
+    request = {"inputs": [{"name": "x", "shape": SHAPE, "datatype": "FP32", "data": data}]}
     if priority is not None:
         request["parameters"] = {"priority": priority}
     return request
@@ -33,22 +36,22 @@ def body(priority: int | None) -> dict:
 @pytest.fixture(scope="module")
 def saturated(tmp_path_factory, example_models):
     folder = tmp_path_factory.mktemp("priority")
-    shutil.copy(example_models / "cnn_small.onnx", folder / "cnn_small.onnx")
-    # A small fixed quota and batches of one: the executor serves requests one at a time, slowly,
-    # so eight clients keep a queue.
+    shutil.copy(example_models / "ppocr_det.onnx", folder / "ppocr_det.onnx")
+    # The text detector at a fixed 0.1 core, batches of one: tens of ms a request, so seven
+    # closed-loop clients keep a queue.
     (folder / "config.toml").write_text(
         """
 [node]
 cpu_cores = 2.0
 [control]
 policy = "fixed"
-[models.cnn_small]
-path = "cnn_small.onnx"
+[models.ppocr_det]
+path = "ppocr_det.onnx"
 sla_ms = 2000
 max_batch_size = 1
 priority_levels = 2
 priority_bound_ms = 2000
-cpu = { cores = 0.2, min_cores = 0.1, threads = 1 }
+cpu = { cores = 0.1, min_cores = 0.1, threads = 1 }
 """
     )
     port = free_port()
@@ -66,12 +69,12 @@ def test_the_higher_level_waits_less_and_the_lower_still_completes(saturated):
         with requests.Session() as session:
             payload = body(level)
             while not stop.is_set():
-                response = session.post(f"{saturated.base}/v2/models/cnn_small/infer", json=payload, timeout=60)
+                response = session.post(f"{saturated.base}/v2/models/ppocr_det/infer", json=payload, timeout=60)
                 queue_ms = response.json()["parameters"]["queue_ms"] if response.status_code == 200 else -1.0
                 with lock:
                     answers[level].append((response.status_code, queue_ms))
 
-    threads = [threading.Thread(target=client, args=(level,)) for level in (1, 1, 2, 2, 2, 2, 2, 2)]
+    threads = [threading.Thread(target=client, args=(level,)) for level in (1, 2, 2, 2, 2, 2, 2)]
     for thread in threads:
         thread.start()
     time.sleep(LOAD_S)
@@ -79,23 +82,24 @@ def test_the_higher_level_waits_less_and_the_lower_still_completes(saturated):
     for thread in threads:
         thread.join()
     high, low = answers[1], answers[2]
-    assert len(high) >= 20 and len(low) >= 10, (len(high), len(low))
+    assert len(high) >= 10 and len(low) >= 10, (len(high), len(low))
     assert {status for status, _ in high + low} == {200}  # level 2 still completes
-    # Served FIFO both would wait about the same; level 1 passes the six level-2 clients' requests.
+    # Served FIFO both would wait about the same: behind the other six clients' requests; level 1
+    # passes them.
     high_ms, low_ms = statistics.median(q for _, q in high), statistics.median(q for _, q in low)
     assert high_ms < 0.5 * low_ms, (high_ms, low_ms)
 
 
 def test_a_bad_priority_is_refused_naming_it(saturated):
-    url = f"{saturated.base}/v2/models/cnn_small/infer"
+    url = f"{saturated.base}/v2/models/ppocr_det/infer"
     for priority, words in ((3, "priority levels 1 to 2"), ("high", "parameter 'priority'"), (-1, "parameter 'priority'")):
         response = requests.post(url, json=body(priority), timeout=30)
         assert response.status_code == 400 and words in response.json()["error"], response.text
     assert requests.post(url, json=body(0), timeout=30).status_code == 200  # 0: the model's default level
     client = triton_grpc.InferenceServerClient(saturated.grpc_url)
-    tensor = triton_grpc.InferInput("x", [1, 3, 32, 32], "FP32")
-    tensor.set_data_from_numpy(np.zeros((1, 3, 32, 32), dtype=np.float32))
+    tensor = triton_grpc.InferInput("x", SHAPE, "FP32")
+    tensor.set_data_from_numpy(np.zeros(SHAPE, dtype=np.float32))
     with pytest.raises(InferenceServerException) as caught:
-        client.infer("cnn_small", [tensor], priority=3)
+        client.infer("ppocr_det", [tensor], priority=3)
     assert caught.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT) and "priority levels 1 to 2" in caught.value.message()
-    assert client.infer("cnn_small", [tensor], priority=1).as_numpy("logits") is not None
+    assert client.infer("ppocr_det", [tensor], priority=1).as_numpy("sigmoid_0.tmp_0") is not None
