@@ -291,8 +291,7 @@ class DispatchCore:
         heapq.heappush(self._timeouts, (request.timeout_at, request.id, request))
         queue = state.queue
         # FIFO with one level; with several, ahead of the lower levels (priority.py).
-        index = position(queue, request, now, state.priority_bound_s) if queue and state.priority_levels > 1 else len(queue)
-        if index < len(queue):
+        if state.priority_levels > 1 and queue and (index := position(queue, request, now, state.priority_bound_s)) < len(queue):
             queue.insert(index, request)
             if state.on_gpus:
                 self.gpu_scheduler.on_arrival(state.name, now)  # counted; its candidate is formed anew
@@ -490,7 +489,9 @@ class DispatchCore:
         the model's load time where no GPU holds it."""
         on_gpu = None
         if state.gpu_profile is not None and self._gpus:
-            on_gpu = state.gpu_profile.latency_ms(rows) + self._load_ms(state.name)
+            on_gpu = state.gpu_profile.latency_ms(rows)
+            if self.gpu_memory is not None:
+                on_gpu += self._load_ms(state.name)
         if state.cpu_profile is None or not state.cpu_executors:
             return on_gpu
         on_cpu = state.cpu_profile.latency_ms(rows)
@@ -559,7 +560,7 @@ class DispatchCore:
             )
             gpu_on = None
             if state.gpu_profile is not None and gpu_start is not None:
-                gpu_on = gpu_start + self._load_ms(state.name) / 1000
+                gpu_on = gpu_start + (self._load_ms(state.name) / 1000 if self.gpu_memory is not None else 0.0)
             if cpu_start is None and gpu_on is None:
                 # No device is up: nothing is refused, and the head is not watched again (its
                 # time has passed: a wake-up for it would fire at once, for ever). A device
