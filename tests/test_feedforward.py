@@ -174,13 +174,25 @@ def test_the_deficit_grant_serves_the_models_furthest_behind_first():
     demands = {"a": 1.0, "b": 1.0, "c": 0.5}
     deficits = {"a": 0.5, "b": 3.0, "c": 1.5}
     granted = arbitrate_by_deficit(demands, deficits, 2.0, min_cores={"a": 0.1, "b": 0.1, "c": 0.1})
-    # Minimums first (0.3), then b (furthest behind) whole, then c whole, a the rest.
-    assert granted == pytest.approx({"b": 1.0, "c": 0.5, "a": 0.5})
+    # Minimums first (0.3); the 1.7 left shared by (demand - minimum) x deficit (a's 0.5 counted
+    # as 1): weights 0.9, 2.7, 0.6 give b 1.09, past its demand: b gets 1.0 whole, and the 0.8
+    # left goes to a and c as 0.9 : 0.6.
+    assert granted == pytest.approx({"b": 1.0, "a": 0.1 + 0.8 * 0.6, "c": 0.1 + 0.8 * 0.4})
     assert sum(granted.values()) == pytest.approx(2.0)
     proportional = arbitrate(demands, 2.0, min_cores={"a": 0.1, "b": 0.1, "c": 0.1})
     assert proportional["b"] < 1.0  # Algorithm 2 leaves every model short, b included
     # Without contention it is Algorithm 2 exactly.
     assert arbitrate_by_deficit(demands, deficits, 4.0, spare_share=0.5) == arbitrate(demands, 4.0, spare_share=0.5)
+
+
+def test_the_deficit_grant_starves_no_model_when_every_one_is_behind():
+    # AllApps on CPUs alone: every demand at the node's 1.5 cores, every model behind.
+    demands = {name: 1.5 for name in ("s", "m", "l", "xl")}
+    deficits = {"s": 3.0, "m": 8.0, "l": 6.0, "xl": 10.0}
+    granted = arbitrate_by_deficit(demands, deficits, 1.5, min_cores=dict.fromkeys(demands, 0.05))
+    assert sum(granted.values()) == pytest.approx(1.5)
+    # Shares follow the deficits; none is left at its floor while another takes the node.
+    assert granted["xl"] > granted["m"] > granted["l"] > granted["s"] > 3 * 0.05
 
 
 def test_the_supervisor_orders_its_grant_by_the_measured_deficit():
