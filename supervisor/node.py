@@ -105,7 +105,7 @@ class NodeSupervisor:
         return self.grant()
 
     def grant(self) -> dict[str, Allocation]:
-        """Fit the current demands to the node (ROMA Algorithm 2, or the deficit order) and tell
+        """Fit the current demands to the node (ROMA Algorithm 2, or the deficit-weighted share) and tell
         every controller what it was granted."""
         if self.grant_rule == "deficit":
             granted = arbitrate_by_deficit(

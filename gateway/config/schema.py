@@ -205,8 +205,8 @@ class ControlConfig:
     spare_share: Share = 0.0
     """ROMA's gamma: share of the spare cores handed out."""
     grant: GrantRule = "proportional"
-    """Under contention: proportional (ROMA Algorithm 2's eta) or deficit (the models furthest
-    from their targets first)."""
+    """Under contention: proportional (ROMA Algorithm 2's eta) or deficit (shares in proportion to
+    demand x deficit: the models furthest from their targets get the most)."""
     reserved_cores: Annotated[float, Field(ge=0)] = 0.0
     """ROMA's GC: cores kept to feed the GPUs; under node.cpu_cores."""
     actuator: Actuator = "auto"
