@@ -93,11 +93,18 @@ def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, st
     reach = min(left, EARLY_DROP_SCAN)
     if min(left - 1, batch_capacity(queue[first + reach - 1], profile, start, max_batch)) - 1 <= best_net:
         return 0
-    for skip, request in enumerate(itertools.islice(queue, first + 1, first + min(left, EARLY_DROP_SCAN)), start=1):
-        capacity = batch_capacity(request, profile, start, max_batch)
+    # batch_capacity inlined: this loop runs per formation under overload.
+    fixed_ms, per_item_ms = profile.fixed_ms, profile.per_item_ms
+    for skip, request in enumerate(itertools.islice(queue, first + 1, first + reach), start=1):
+        if left - 2 * skip <= best_net:
+            break  # a later start serves at most the rest of the queue, less what it skips
+        slack_ms = (request.deadline - start) * 1000 - fixed_ms
+        if slack_ms < 0:
+            continue
+        capacity = max_batch if per_item_ms <= 0 else min(max_batch, int(slack_ms / per_item_ms))
         if capacity < request.rows:
             continue  # it cannot start a batch in time itself
-        net = min(left - skip, capacity) - skip
+        net = (left - skip if left - skip < capacity else capacity) - skip
         if net > best_net:
             best_skip, best_net = skip, net
     return best_skip
@@ -132,21 +139,25 @@ def form_candidate(
         inf = float("inf")
         return Candidate(model, 0, 0, inf, inf, inf, False, skip, hopeless, full=True)
     deadline = queue[skip].deadline
-    size, rows = 0, 0
+    size, rows, latency_ms = 0, 0, None
     for request in itertools.islice(queue, skip, None):
-        if rows + request.rows > max_batch:
+        more = rows + request.rows
+        if more > max_batch:
             break
         # The batch's deadline is its earliest: the head's in a FIFO queue, whose deadlines
         # ascend; a request queued by priority or by its own deadline may have an earlier one.
-        earliest = min(deadline, request.deadline)
-        if prune and size > 0 and start + profile.latency_ms(rows + request.rows) / 1000 > earliest:
-            break
+        earliest = request.deadline if request.deadline < deadline else deadline
+        if prune:
+            more_ms = profile.latency_ms(more)
+            if size > 0 and start + more_ms / 1000 > earliest:
+                break
+            latency_ms = more_ms
         deadline = earliest
         size += 1
-        rows += request.rows
+        rows = more
     full = rows >= max_batch or skip + size < len(queue)
     candidate = Candidate(model, size, rows, deadline, 0.0, 0.0, False, skip, hopeless, full)
-    _time(candidate, profile, now, arrival_rate, defer)
+    _time(candidate, profile, now, arrival_rate, defer, latency_ms)
     return candidate
 
 
@@ -163,22 +174,31 @@ def grow(
 ) -> None:
     """``request`` joined the queue right behind ``candidate`` (not full): take it in if it fits, else the candidate is full."""
     rows = candidate.rows + request.rows
-    earliest = min(candidate.deadline, request.deadline)
-    if rows > max_batch or (prune and now + profile.latency_ms(rows) / 1000 > earliest):
+    deadline = candidate.deadline
+    if request.deadline < deadline:
+        deadline = request.deadline
+    latency_ms = profile.latency_ms(rows)
+    if rows > max_batch or (prune and now + latency_ms / 1000 > deadline):
         candidate.full = True
         candidate.schedulable = True
         return
-    candidate.deadline = earliest
+    candidate.deadline = deadline
     candidate.size += 1
     candidate.rows = rows
     candidate.full = rows >= max_batch
-    _time(candidate, profile, now, arrival_rate, defer)
+    _time(candidate, profile, now, arrival_rate, defer, latency_ms)
 
 
-def _time(candidate: Candidate, profile: LatencyProfile, now: float, arrival_rate: float, defer: bool) -> None:
-    """sched_at, invalid_after and whether the candidate is schedulable now (Section 4.3)."""
-    rows = candidate.rows
-    candidate.sched_at = candidate.deadline - profile.latency_ms(rows + 1) / 1000
-    candidate.invalid_after = candidate.deadline - profile.latency_ms(rows) / 1000
-    enough = rows >= profile.fixed_ms / 1000 * arrival_rate
-    candidate.schedulable = (not defer) or candidate.full or enough or now >= candidate.sched_at - EPSILON_S
+def _time(
+    candidate: Candidate, profile: LatencyProfile, now: float, arrival_rate: float, defer: bool, latency_ms: float | None = None
+) -> None:
+    """sched_at, invalid_after and whether the candidate is schedulable now (Section 4.3).
+    ``latency_ms``: l(rows), where the caller has it already."""
+    rows, deadline = candidate.rows, candidate.deadline
+    if latency_ms is None:
+        latency_ms = profile.latency_ms(rows)
+    candidate.sched_at = sched_at = deadline - profile.latency_ms(rows + 1) / 1000
+    candidate.invalid_after = deadline - latency_ms / 1000
+    candidate.schedulable = (
+        (not defer) or candidate.full or rows >= profile.fixed_ms / 1000 * arrival_rate or now >= sched_at - EPSILON_S
+    )

@@ -211,8 +211,7 @@ class DispatchCore:
         """Answer every queued request of ``model`` 503 with ``message`` (it is being unloaded)."""
         state = self.models[model]
         dropped = list(state.queue)
-        state.queue.items.clear()
-        state.queue.rows, state.queue.arrival_sum = 0, 0.0
+        state.queue.clear()
         if not dropped:
             return []
         self._end(dropped)
@@ -256,12 +255,14 @@ class DispatchCore:
     def on_arrival(self, request: Request, now: float) -> list[Action]:
         """Admit ``request`` (its arrival, rows, batch key, own timeout and payload set) or refuse it."""
         state = self.models[request.model]
+        queue = state.queue
         request.deadline = request.arrival + state.sla_ms / 1000
         # The client's own deadline, where its timeout is tighter than the SLA (Triton reads 0 as none).
-        own_deadline = bool(request.timeout_s) and request.arrival + request.timeout_s < request.deadline
+        own_timeout = request.timeout_s
+        own_deadline = bool(own_timeout) and request.arrival + own_timeout < request.deadline
         if own_deadline:
-            request.deadline = request.arrival + request.timeout_s
-        if len(state.queue) >= state.max_queue_size:
+            request.deadline = request.arrival + own_timeout
+        if len(queue) >= state.max_queue_size:
             request.state = ENDED
             retry_after = self.retry_after_s(request.model)
             message = (
@@ -284,12 +285,11 @@ class DispatchCore:
                 )
                 return [Fail((request,), 503, "refused_deadline", message)]
         timeout_s = self.request_timeout_s
-        if request.timeout_s:  # Triton reads 0 as no timeout of the client's own
-            timeout_s = min(timeout_s, request.timeout_s)
-        request.timeout_at = request.arrival + timeout_s
+        if own_timeout and own_timeout < timeout_s:  # Triton reads 0 as no timeout of the client's own
+            timeout_s = own_timeout
+        request.timeout_at = timeout_at = request.arrival + timeout_s
         request.state = QUEUED
-        heapq.heappush(self._timeouts, (request.timeout_at, request.id, request))
-        queue = state.queue
+        heapq.heappush(self._timeouts, (timeout_at, request.id, request))
         # FIFO with one level; with several, ahead of the lower levels (priority.py).
         if state.priority_levels > 1 and queue and (index := position(queue, request, now, state.priority_bound_s)) < len(queue):
             queue.insert(index, request)
@@ -302,7 +302,7 @@ class DispatchCore:
         queue.append(request)
         if state.on_gpus:
             self.gpu_scheduler.on_arrival(state.name, now, request)
-        if len(state.queue) == 1:
+        if len(queue) == 1:
             # A new head, to look at and to watch. Behind an older head an arrival changes
             # nothing about what can be finished in time: time does, and the refusal heap has it.
             self._touched[state.name] = state
@@ -443,8 +443,17 @@ class DispatchCore:
             self._pump_cpus(now, actions)
         if self._touched:
             self._watch_heads()
-        wake = min(self._deferral_at, self._cpu_hold_at, self._next_timeout(), self._next_refusal())
-        if wake < self._wake_asked:
+        wake = self._deferral_at if self._deferral_at < self._cpu_hold_at else self._cpu_hold_at
+        asked = self._wake_asked
+        # A heap's top as it stands is never later than its first live entry: only where it is
+        # earlier than both the wake-up so far and the one asked already are its ended entries
+        # dropped to read the live one (it cannot lower the wake-up otherwise).
+        timeouts, refusals = self._timeouts, self._refusals
+        if timeouts and timeouts[0][0] < wake and timeouts[0][0] < asked:
+            wake = min(wake, self._next_timeout())
+        if refusals and refusals[0][0] < wake and refusals[0][0] < asked:
+            wake = min(wake, self._next_refusal())
+        if wake < asked:
             self._wake_asked = wake
             actions.append(WakeAt(wake))
         return actions
@@ -730,13 +739,14 @@ class DispatchCore:
         actions: list[Action],
         load: Load | None = None,
     ) -> None:
-        rows = sum(r.rows for r in requests)
-        profile = state.gpu_profile if executor.device == GPU else state.cpu_profile
+        rows = sum([r.rows for r in requests])
+        on_gpu = executor.device == GPU
+        profile = state.gpu_profile if on_gpu else state.cpu_profile
         duration_s = profile.latency_ms(rows) / 1000 if profile is not None else 0.0
         load_s = load.load_ms / 1000 if load is not None else 0.0
         latest = math.inf
-        if executor.device == GPU and state.drop_late and profile is not None:
-            latest = min(r.deadline for r in requests) - duration_s - load_s
+        if on_gpu and state.drop_late and profile is not None:
+            latest = min([r.deadline for r in requests]) - duration_s - load_s
         batch = Batch(
             next(self._batch_ids),
             state.name,
@@ -749,14 +759,14 @@ class DispatchCore:
             latest,
             load,
         )
-        if self.gpu_memory is not None and executor.device == GPU:
+        if self.gpu_memory is not None and on_gpu:
             if load is not None:
                 self.gpu_memory.commit(load)
             self.gpu_memory.used(executor.id, state.name)
         for request in requests:
             request.state, request.dispatched = RUNNING, now
         executor.batch = batch
-        if executor.device == GPU:
+        if on_gpu:
             self._gpu_changed(executor)
         actions.append(Start(batch))
 

@@ -43,7 +43,8 @@ class LatencyProfile:
         self.seed_per_item_ms, self.seed_fixed_ms = per_item_ms, fixed_ms
         self.window, self.percentile = window, percentile
         self._samples: dict[int, collections.deque[float]] = {}
-        self._fit: tuple[float, float] = (per_item_ms, fixed_ms)
+        # The linear fit, plain attributes: the schedulers read them several times per request.
+        self.per_item_ms, self.fixed_ms = per_item_ms, fixed_ms
         self._read: dict[int, float] = {}
         # Running sums over the read table (x: batch size, y: its read), so that a new sample
         # refits the line in O(1): the fit is updated after every batch a device runs.
@@ -84,20 +85,12 @@ class LatencyProfile:
         if n >= 2:
             sx, sy, sxy, sxx = self._sums
             slope = (sxy - sx * sy / n) / (sxx - sx * sx / n)
-            self._fit = (max(slope, 0.0), max(sy / n - slope * sx / n, 0.0))
+            self.per_item_ms, self.fixed_ms = max(slope, 0.0), max(sy / n - slope * sx / n, 0.0)
         else:
             # One batch size measured: keep the seed's slope, move the fixed cost to match it.
             ((b, read),) = self._read.items()
             per_item = self.seed_per_item_ms
-            self._fit = (per_item, max(0.0, read - per_item * b))
-
-    @property
-    def per_item_ms(self) -> float:
-        return self._fit[0]
-
-    @property
-    def fixed_ms(self) -> float:
-        return self._fit[1]
+            self.per_item_ms, self.fixed_ms = per_item, max(0.0, read - per_item * b)
 
     def measured(self) -> dict[int, float]:
         """Each batch size measured so far and its latency as read (the window's percentile):
@@ -109,4 +102,4 @@ class LatencyProfile:
         measured = self._read.get(batch_size)
         if measured is not None:
             return measured
-        return self._fit[0] * batch_size + self._fit[1]
+        return self.per_item_ms * batch_size + self.fixed_ms

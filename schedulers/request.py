@@ -9,8 +9,8 @@ never look at it, so the simulator runs them with none.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 QUEUED, RUNNING, ENDED = "queued", "running", "ended"
@@ -37,68 +37,72 @@ class Request:
         return f"Request({self.id}, {self.model!r}, arrival={self.arrival:.6f}, rows={self.rows}, {self.state})"
 
 
-@dataclass
-class RequestQueue:
+class RequestQueue(collections.deque):
     """A model's FIFO queue with running sums, so that the schedulers read its size, its rows and
-    its mean arrival in O(1) instead of walking every queued request per decision."""
+    its mean arrival in O(1) instead of walking every queued request per decision.
 
-    items: collections.deque[Request] = field(default_factory=collections.deque)
-    rows: int = 0
-    arrival_sum: float = 0.0
+    A deque itself, so that its length, truth, iteration and indexing, which the schedulers read
+    several times per request, are the deque's own (C) operations; only the changes below keep
+    the sums, and the queue is changed through them alone.
+    """
+
+    __slots__ = ("rows", "arrival_sum")
+
+    def __init__(self, requests: Iterable[Request] = ()):
+        super().__init__()
+        self.rows = 0
+        self.arrival_sum = 0.0
+        for request in requests:
+            self.append(request)
 
     @classmethod
     def of(cls, requests: Iterable[Request]) -> RequestQueue:
-        queue = cls()
-        for request in requests:
-            queue.append(request)
-        return queue
+        return cls(requests)
 
     def append(self, request: Request) -> None:
-        self.items.append(request)
-        self._count(request, 1)
+        _append(self, request)
+        self.rows += request.rows
+        self.arrival_sum += request.arrival
 
     def insert(self, index: int, request: Request) -> None:
-        self.items.insert(index, request)
-        self._count(request, 1)
+        _insert(self, index, request)
+        self.rows += request.rows
+        self.arrival_sum += request.arrival
 
     def appendleft(self, request: Request) -> None:
-        self.items.appendleft(request)
-        self._count(request, 1)
+        _appendleft(self, request)
+        self.rows += request.rows
+        self.arrival_sum += request.arrival
 
     def popleft(self) -> Request:
-        request = self.items.popleft()
-        self._count(request, -1)
+        request = _popleft(self)
+        self.rows -= request.rows
+        # No drift of the float sum across an emptied queue.
+        self.arrival_sum = self.arrival_sum - request.arrival if self else 0.0
         return request
 
     def put_back(self, requests: Iterable[Request]) -> None:
         """Return requests taken out (a batch that never ran) to their places in arrival order."""
-        merged = sorted([*self.items, *requests], key=lambda r: (r.arrival, r.id))
-        self.items.clear()
-        self.rows, self.arrival_sum = 0, 0.0
+        merged = sorted([*self, *requests], key=lambda r: (r.arrival, r.id))
+        self.clear()
         for request in merged:
             self.append(request)
 
     def remove(self, request: Request) -> None:
-        self.items.remove(request)
-        self._count(request, -1)
+        _remove(self, request)
+        self.rows -= request.rows
+        self.arrival_sum = self.arrival_sum - request.arrival if self else 0.0
 
-    def _count(self, request: Request, sign: int) -> None:
-        self.rows += sign * request.rows
-        self.arrival_sum += sign * request.arrival
-        if not self.items:
-            self.arrival_sum = 0.0  # no drift of the float sum across an emptied queue
+    def clear(self) -> None:
+        _clear(self)
+        self.rows, self.arrival_sum = 0, 0.0
 
     def mean_wait_ms(self, now: float) -> float:
-        return (now - self.arrival_sum / len(self.items)) * 1000 if self.items else 0.0
+        return (now - self.arrival_sum / len(self)) * 1000 if self else 0.0
 
-    def __len__(self) -> int:
-        return len(self.items)
+    def __repr__(self) -> str:
+        return f"RequestQueue({list(self)!r})"
 
-    def __bool__(self) -> bool:
-        return bool(self.items)
 
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self.items)
-
-    def __getitem__(self, index: int) -> Request:
-        return self.items[index]
+_append, _appendleft, _insert = collections.deque.append, collections.deque.appendleft, collections.deque.insert
+_popleft, _remove, _clear = collections.deque.popleft, collections.deque.remove, collections.deque.clear
