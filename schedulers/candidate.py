@@ -80,8 +80,12 @@ def batch_capacity(request: Request, profile: LatencyProfile, start: float, max_
     return min(max_batch, int(slack_ms / profile.per_item_ms))
 
 
-def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, start: float, max_batch: int) -> int:
-    """How many requests from ``first`` on to leave out so that the next batch serves the most requests net."""
+def early_drop(
+    queue: Sequence[Request], first: int, profile: LatencyProfile, start: float, max_batch: int, skip_cost: float = 1.0
+) -> int:
+    """How many requests from ``first`` on to leave out so that the next batch serves the most
+    requests net: served less ``skip_cost`` for each request left out (1: a request left out is
+    lost; 0: it is lost anyway, as under an overload that sheds requests whatever the choice)."""
     left = len(queue) - first
     if left <= 0:
         return 0
@@ -91,12 +95,12 @@ def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, st
     # Deadlines ascend along a FIFO queue, and so does the room they leave: no skip can do better
     # than the last request in reach would, less the one skipped. Most formations stop here.
     reach = min(left, EARLY_DROP_SCAN)
-    if min(left - 1, batch_capacity(queue[first + reach - 1], profile, start, max_batch)) - 1 <= best_net:
+    if min(left - 1, batch_capacity(queue[first + reach - 1], profile, start, max_batch)) - skip_cost <= best_net:
         return 0
     # batch_capacity inlined: this loop runs per formation under overload.
     fixed_ms, per_item_ms = profile.fixed_ms, profile.per_item_ms
     for skip, request in enumerate(itertools.islice(queue, first + 1, first + reach), start=1):
-        if left - 2 * skip <= best_net:
+        if left - skip - skip_cost * skip <= best_net:
             break  # a later start serves at most the rest of the queue, less what it skips
         slack_ms = (request.deadline - start) * 1000 - fixed_ms
         if slack_ms < 0:
@@ -104,7 +108,7 @@ def early_drop(queue: Sequence[Request], first: int, profile: LatencyProfile, st
         capacity = max_batch if per_item_ms <= 0 else min(max_batch, int(slack_ms / per_item_ms))
         if capacity < request.rows:
             continue  # it cannot start a batch in time itself
-        net = (left - skip if left - skip < capacity else capacity) - skip
+        net = (left - skip if left - skip < capacity else capacity) - skip_cost * skip
         if net > best_net:
             best_skip, best_net = skip, net
     return best_skip
@@ -122,15 +126,18 @@ def form_candidate(
     defer: bool,
     prune: bool = True,
     drop_early: bool = False,
+    skip_cost: float = 1.0,
 ) -> Candidate | None:
     """The candidate of ``queue`` for a GPU free at ``start`` (>= now), or None if it is empty.
 
     With ``prune`` the hopeless head is left out and the batch is cut to what meets the
     earliest deadline; without it (a model configured to serve late rather than refuse) the
-    batch is simply the first ``max_batch`` rows. ``drop_early`` adds our early drop.
+    batch is simply the first ``max_batch`` rows. ``drop_early`` adds our early drop, at
+    ``skip_cost`` for a request it leaves out.
     """
     hopeless = hopeless_count(queue, profile, start) if prune else 0
-    skip = hopeless + (early_drop(queue, hopeless, profile, start, max_batch) if prune and drop_early else 0)
+    dropped = early_drop(queue, hopeless, profile, start, max_batch, skip_cost) if prune and drop_early else 0
+    skip = hopeless + dropped
     while prune and skip < len(queue) and start + profile.latency_ms(queue[skip].rows) / 1000 > queue[skip].deadline:
         skip += 1  # the batch must start with a request that fits alone (rows vary from request to request)
     if skip >= len(queue):

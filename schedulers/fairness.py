@@ -19,6 +19,10 @@ FAIRNESS_GAP = 0.18
 MODEL_WEIGHT = 0.01  # about the last 100 requests of a model
 OVERALL_WEIGHT = 0.001  # about the last 1,000 requests of all models
 RESCAN = 256
+# A slower average over all models, about the last 10,000 requests (a second or more at the
+# peaks of Symphony's zoos): a burst that a moment's refusals answer does not move it, a
+# sustained overload does (the default's shedding, schedulers/gpu.py).
+SUSTAINED_WEIGHT = 0.0001
 
 
 class BadRateTracker:
@@ -26,6 +30,7 @@ class BadRateTracker:
         self.gap, self.model_weight, self.overall_weight = gap, model_weight, overall_weight
         self.by_model: dict[str, float] = {}
         self.overall = 0.0
+        self.sustained = 0.0  # the same over all models, averaged over about 10,000 requests
         # The models behind, kept as the records come (an ordered set: a dict to None), so that
         # a decision reads them in O(1) when there are none. A model's place is looked at when
         # it records; all of them every ``RESCAN`` records, as the overall rate moves.
@@ -44,6 +49,7 @@ class BadRateTracker:
         rate = self.by_model.get(model, 0.0)
         self.by_model[model] = rate + (1 - (1 - self.model_weight) ** ended) * (mean - rate)
         self.overall += (1 - (1 - self.overall_weight) ** ended) * (mean - self.overall)
+        self.sustained += (1 - (1 - SUSTAINED_WEIGHT) ** ended) * (mean - self.sustained)
         before = self._records
         self._records += ended
         rescan = self._records // RESCAN != before // RESCAN

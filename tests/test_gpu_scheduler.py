@@ -10,7 +10,7 @@ import pytest
 from schedulers.admission import admissible
 from schedulers.candidate import form_candidate
 from schedulers.deficit import deficit
-from schedulers.gpu import DUE_MARGIN_S, POLICIES, Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
+from schedulers.gpu import DUE_MARGIN_S, POLICIES, SHED_ABOVE_BAD_RATE, Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request, RequestQueue
 
@@ -166,6 +166,40 @@ def test_overload_drops_a_head_that_would_shrink_the_batch():
         "m", roomy, profile, max_batch=16, now=start, start=start, arrival_rate=0, defer=True, drop_early=True
     )
     assert candidate.skip == 0 and candidate.size == 6
+
+
+def shedding_queue() -> RequestQueue:
+    # l(b) = b + 10 ms from 0: the two oldest leave room for a batch of 2 (deadline 12 ms), the
+    # three behind them for a batch of 3 (13 ms). Starting with the head serves 2; leaving out
+    # the two oldest serves 3.
+    return RequestQueue.of([Request(i, "m", -0.020, 0.012) for i in (1, 2)] + [Request(i, "m", -0.015, 0.013) for i in (3, 4, 5)])
+
+
+def test_early_drop_leaves_out_the_head_for_a_larger_batch_only_where_what_it_leaves_out_is_lost_anyway():
+    profile = linear(1, 10)
+    for skip_cost, (skip, size) in ((1.0, (0, 2)), (0.0, (2, 3))):
+        candidate = form_candidate(
+            "m", shedding_queue(), profile, max_batch=16, now=0.0, start=0.0, arrival_rate=0, defer=True,
+            drop_early=True, skip_cost=skip_cost,
+        )  # fmt: skip
+        # At cost 1 the batch of 3 serves one request net (3 - 2), less than the head's 2.
+        assert (candidate.skip, candidate.size) == (skip, size), skip_cost
+
+
+def test_the_default_sheds_at_the_head_only_under_a_sustained_overload():
+    scheduler = GpuScheduler("fair_deferral")
+    scheduler.add_model("m", sla_ms=100, max_batch=16, profile=linear(1, 10))
+    scheduler.add_model("other", sla_ms=100, max_batch=16, profile=linear(1, 10))
+    decision = scheduler.decide(0.0, "g", 0.0, {"m": shedding_queue()})
+    assert (decision.skip, decision.size) == (0, 2)  # within 1% bad: a request left out is lost
+    scheduler.on_completed("other", *[500.0] * 200)  # a burst of late answers is not yet a sustained overload
+    assert scheduler.fairness.sustained < SHED_ABOVE_BAD_RATE < scheduler.fairness.overall
+    decision = scheduler.decide(0.0, "g", 0.0, {"m": shedding_queue()})
+    assert (decision.skip, decision.size) == (0, 2)
+    scheduler.on_completed("other", *[500.0] * 1000)  # 1,200 late answers in a row: it is
+    assert scheduler.fairness.sustained > SHED_ABOVE_BAD_RATE
+    decision = scheduler.decide(0.0, "g", 0.0, {"m": shedding_queue()})
+    assert (decision.skip, decision.size) == (2, 3)
 
 
 def test_the_default_serves_the_candidate_that_expires_first():
