@@ -48,7 +48,8 @@ class RequestQueue(collections.deque):
 
     __slots__ = ("rows", "arrival_sum")
 
-    def __init__(self, requests: Iterable[Request] = ()):
+    def __init__(self, requests: Iterable[Request] = (), maxlen: None = None):
+        # ``maxlen``: the deque's own copy and pickle protocols pass it; a queue has no bound of its own.
         super().__init__()
         self.rows = 0
         self.arrival_sum = 0.0
