@@ -97,18 +97,13 @@ def early_drop(
     reach = min(left, EARLY_DROP_SCAN)
     if min(left - 1, batch_capacity(queue[first + reach - 1], profile, start, max_batch)) - skip_cost <= best_net:
         return 0
-    # batch_capacity inlined: this loop runs per formation under overload.
-    fixed_ms, per_item_ms = profile.fixed_ms, profile.per_item_ms
     for skip, request in enumerate(itertools.islice(queue, first + 1, first + reach), start=1):
         if left - skip - skip_cost * skip <= best_net:
             break  # a later start serves at most the rest of the queue, less what it skips
-        slack_ms = (request.deadline - start) * 1000 - fixed_ms
-        if slack_ms < 0:
-            continue
-        capacity = max_batch if per_item_ms <= 0 else min(max_batch, int(slack_ms / per_item_ms))
+        capacity = batch_capacity(request, profile, start, max_batch)
         if capacity < request.rows:
             continue  # it cannot start a batch in time itself
-        net = (left - skip if left - skip < capacity else capacity) - skip_cost * skip
+        net = min(left - skip, capacity) - skip_cost * skip
         if net > best_net:
             best_skip, best_net = skip, net
     return best_skip
