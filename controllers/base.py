@@ -26,11 +26,20 @@ class Window:
     oldest_wait_ms: float | None = None  # age of the oldest of them at the end (None: none waits)
     # Each completed request's response time, for the percentile and deadline SLA measures.
     times_ms: list[float] = field(default_factory=list)
+    # The model's requests the GPUs answered meanwhile. ROMA's tau_R (equation 1) averages both
+    # devices' requests; the feed-forward controller reads them (``FeedForwardController.cpu_sla_ms``).
+    gpu_count: int = 0
+    gpu_total_ms: float = 0.0
 
     def add(self, rt_ms: float) -> None:
         self.count += 1
         self.total_ms += rt_ms
         self.times_ms.append(rt_ms)
+
+    def add_gpu(self, rt_ms: float) -> None:
+        """A request of the model that a GPU answered (not this executor's)."""
+        self.gpu_count += 1
+        self.gpu_total_ms += rt_ms
 
     def merge(self, other: Window) -> None:
         """Extend this window by the later ``other``: sums add, the end state is ``other``'s."""
@@ -38,6 +47,8 @@ class Window:
         self.total_ms += other.total_ms
         self.cpu_s += other.cpu_s
         self.times_ms.extend(other.times_ms)
+        self.gpu_count += other.gpu_count
+        self.gpu_total_ms += other.gpu_total_ms
         self.waiting, self.oldest_wait_ms = other.waiting, other.oldest_wait_ms
 
     @property

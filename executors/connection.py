@@ -64,6 +64,7 @@ class ExecutorConnection:
         self._writer = writer
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
+        self.cpu_s: float | None = None  # the executor's CPU time as of its last result (None: never reported)
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self._read_loop())
 
@@ -121,6 +122,8 @@ class ExecutorConnection:
             raise BatchLate(float(answer["late_ms"]))
         if answer["kind"] == "failed":  # a worker's executor failed (crashed, hung, not running)
             raise ExecutorFailed(answer.get("message", "the executor failed"))
+        if "cpu_s" in answer:
+            self.cpu_s = float(answer["cpu_s"])
         return unpack_tensors(answer["tensors"], payload), float(answer["compute_ms"])
 
     def fail_all(self, reason: str) -> None:

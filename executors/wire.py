@@ -11,7 +11,8 @@ bytes themselves never pass through JSON. Messages:
 - executor -> gateway ``hello``: {"kind": "hello", "pid", "provider", "models": {name: signature},
   "clock"}
 - gateway -> executor ``infer``: {"kind": "infer", "id", "model", "tensors": [...], "latest"?}
-- executor -> gateway ``result``: {"kind": "result", "id", "compute_ms", "tensors": [...]}
+- executor -> gateway ``result``: {"kind": "result", "id", "compute_ms", "cpu_s"?, "tensors": [...]}
+  (``cpu_s``: the executor process's CPU time so far, time.process_time)
 - executor -> gateway ``error``: {"kind": "error", "id", "message"}
 - executor -> gateway ``late``: {"kind": "late", "id", "late_ms"}
 

@@ -226,6 +226,7 @@ class Engine:
             gpu_scheduler=self.gpu_scheduler,
             request_timeout_s=config.server.request_timeout_ms / 1000,
             cpu_sharing=gpu.cpu_sharing,
+            spill_within=gpu.spill_within,
             gpu_memory=gpu_memory_of(config),
         )
         self.models = {
@@ -647,6 +648,8 @@ class Engine:
             # The CPU controllers regulate what their executor serves (ROMA Section 4).
             if device == "cpu":
                 runtime.window.add(rt_ms)
+            else:
+                runtime.window.add_gpu(rt_ms)  # the other part of ROMA's tau_R (equation 1)
             series.request_seconds.observe(rt_ms / 1000)
 
     def set_sla(self, runtime: ModelRuntime, sla_ms: float) -> None:
@@ -738,7 +741,8 @@ class Engine:
             return 0.0
         self.metrics.executor_cpu_seconds.labels(executor.id, executor.device).set(total)
         self._cpu_seen[executor.id] = (executor.pid, total)
-        return total - previous[1] if previous is not None and previous[0] == executor.pid else 0.0
+        # (max: the first report after the kernel's 10 ms ticks may read a hair below them)
+        return max(0.0, total - previous[1]) if previous is not None and previous[0] == executor.pid else 0.0
 
     def _on_period(self, now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
         for name, allocation in allocations.items():

@@ -343,16 +343,32 @@ class GpuScheduler:
         return None
 
 
+def batches_ms(profile: LatencyProfile, count: int, max_batch: int) -> float:
+    """A GPU's time to serve ``count`` requests in full batches of ``max_batch`` and one partial batch."""
+    full, rest = divmod(count, max_batch)
+    return full * profile.latency_ms(max_batch) + (profile.latency_ms(rest) if rest else 0.0)
+
+
 def gpu_can_finish(
-    request: Request, position: int, now: float, gpu_free_at: float, profile: LatencyProfile, max_batch: int
+    request: Request,
+    position: int,
+    now: float,
+    gpu_free_at: float,
+    profile: LatencyProfile,
+    max_batch: int,
+    within: float = 1.0,
 ) -> bool:
     """Whether the GPUs' projected capacity serves the request at ``position`` of its queue in time.
 
     The projection: the earliest GPU starts the queue at max(now, gpu_free_at) and works through
-    it in full batches. The CPU scheduler takes from a queue only requests for which this is
-    false, so CPU executors never starve a batch the GPU is deferring on purpose
-    (../shared/DESIGN.md, open questions).
+    it in full batches, the request's own batch holding it and the requests before it in that
+    round: l(max_batch) per full round ahead, then l(position mod max_batch + 1). (Charging a
+    whole l(max_batch) for its own round too would hand the CPU every request of a model whose
+    GPU cost grows with the batch: with 8 rows at 16 ms each, even the head of a fresh queue
+    would look late for a 56 ms SLA.) ``gpu_free_at`` may include the other models' work the
+    GPUs will do first (the dispatch core's ``_cpu_share``). The CPU scheduler takes from a queue
+    only requests for which this is false, so CPU executors never starve a batch the GPU is
+    deferring on purpose (../shared/DESIGN.md, open questions).
     """
-    rounds = position // max_batch + 1
-    finish = max(now, gpu_free_at) + rounds * profile.latency_ms(max_batch) / 1000
-    return finish <= request.deadline
+    due = request.deadline if within >= 1.0 else request.arrival + within * (request.deadline - request.arrival)
+    return max(now, gpu_free_at) + batches_ms(profile, position + 1, max_batch) / 1000 <= due

@@ -161,8 +161,8 @@ def test_a_deferred_gpu_batch_wakes_the_core_at_its_sched_at():
 
 
 def test_the_cpu_takes_only_what_the_gpu_cannot_finish_in_time():
-    # The GPU is busy for 30 ms with a batch; a batch of 8 then takes 17 ms. A request with a
-    # 60 ms SLA fits the GPU after that batch, so the CPU leaves it; one of 40 ms does not.
+    # The GPU is busy for 30 ms with a batch; a batch of 2 then takes 11 ms. A request with a
+    # 60 ms SLA fits the GPU after that batch, so the CPU leaves it; one of 35 ms does not.
     core = core_with(gpus=1, policy="work_conserving", gpu_profile=(1.0, 9.0), cpu_profile=(2.0, 3.0), sla_ms=60)
     core.set_executor_ready("cpu-m", False, 0.0)
     (busy,) = of(core.on_arrival(Request(1, "m", 0.0), 0.0), Start)
@@ -170,11 +170,58 @@ def test_the_cpu_takes_only_what_the_gpu_cannot_finish_in_time():
     busy.batch.expected_end = 0.030
     core.set_executor_ready("cpu-m", True, 0.0)
     assert not of(core.on_arrival(Request(2, "m", 0.001), 0.001), Start)  # left for the GPU
-    core.set_sla("m", 40)
+    core.set_sla("m", 35)
     (spill,) = of(core.on_arrival(Request(3, "m", 0.002), 0.002), Start)
     assert spill.batch.device == CPU
     # The spill takes from the head: the oldest request goes to the CPU.
     assert [r.id for r in spill.batch.requests] == [2]
+
+
+def two_models_on_one_gpu(spill_within: float) -> DispatchCore:
+    """Models a (GPU only) and b (GPU and a CPU executor); the GPU takes 10 ms a request, no fixed cost."""
+    core = DispatchCore(
+        cpu_scheduler=RandomRoundRobin(random.Random(1)),
+        gpu_scheduler=GpuScheduler("work_conserving"),
+        spill_within=spill_within,
+    )
+    core.add_executor("cpu-b", CPU, "b")
+    core.add_executor("gpu-0", GPU)
+    for name, cpu in (("a", None), ("b", LatencyProfile(1.0, 1.0))):
+        core.add_model(name, sla_ms=60, max_batch=8, max_queue_size=100, cpu_profile=cpu, gpu_profile=LatencyProfile(10.0, 0.0))
+    core.set_executor_ready("gpu-0", True, 0.0)
+    return core
+
+
+@pytest.mark.parametrize("a_queued", [0, 4])
+def test_the_spill_counts_the_other_models_gpu_work_ahead_of_a_request(a_queued):
+    # The GPU is busy until 10 ms. b's request (60 ms SLA, due for the GPU within 0.7 of it:
+    # 42 ms) would run 10-20 ms on a GPU of its own; behind a's four requests, due before it,
+    # at 50-60 ms: the CPU takes it then, and only then.
+    core = two_models_on_one_gpu(spill_within=0.7)
+    (busy,) = of(core.on_arrival(Request(1, "a", 0.0), 0.0), Start)
+    busy.batch.expected_end = 0.010
+    for i in range(a_queued):
+        assert not of(core.on_arrival(Request(10 + i, "a", 0.0), 0.0), Start)
+    core.set_executor_ready("cpu-b", True, 0.0)
+    started = of(core.on_arrival(Request(2, "b", 0.001), 0.001), Start)
+    if a_queued:
+        assert [(s.batch.device, [r.id for r in s.batch.requests]) for s in started] == [(CPU, [2])]
+    else:
+        assert not started  # left for the GPU
+
+
+def test_the_gpu_keeps_only_what_it_answers_within_the_spill_share_of_the_sla():
+    # Behind a's two requests b's would end at 40 ms: within its 60 ms SLA, but not within
+    # 0.5 of it. At 1.0 the GPU keeps it; at 0.5 the CPU takes it.
+    for within, device in ((1.0, None), (0.5, CPU)):
+        core = two_models_on_one_gpu(spill_within=within)
+        (busy,) = of(core.on_arrival(Request(1, "a", 0.0), 0.0), Start)
+        busy.batch.expected_end = 0.010
+        for i in range(2):
+            core.on_arrival(Request(10 + i, "a", 0.0), 0.0)
+        core.set_executor_ready("cpu-b", True, 0.0)
+        started = of(core.on_arrival(Request(2, "b", 0.0), 0.0), Start)
+        assert [s.batch.device for s in started] == ([device] if device else [])
 
 
 def test_the_gpu_scheduler_does_not_refuse_what_a_cpu_executor_can_still_finish():

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from controllers.base import Window
-from controllers.feedforward import IDLE_PERIODS, FeedForwardController, feed_forward_cores
+from controllers.feedforward import IDLE_PERIODS, MAX_UTILISATION, FeedForwardController, feed_forward_cores
 from controllers.pi import PIController, plant_gain
 from controllers.sla_measure import DEADLINE_PERCENTILE, SlaMeasure
 from gateway.config import ControlConfig
@@ -91,8 +91,22 @@ def test_a_4x_step_is_met_in_the_period_after_it_where_romas_pi_takes_longer():
     # Period 10 is the step itself (nobody has seen it yet); ours is under the SLA from period 11 on.
     assert periods_over(mine, 10) == 1
     assert periods_over(theirs, 10) > periods_over(mine, 10)
-    # At steady state both hold the set point.
-    assert mine[-1][0] == pytest.approx(ALPHA * SLA_MS, rel=0.05)
+    # At steady state ours is under the set point: at 400 req/s the M/M/1 cores for 20 ms would
+    # be 0.85 busy, so it plans MAX_UTILISATION's instead (lambda' s / 0.75).
+    assert mine[-1][0] < ALPHA * SLA_MS
+    assert mine[-1][1] == pytest.approx(0.001 * (400 + math.sqrt(400)) / MAX_UTILISATION, rel=0.01)
+
+
+def test_no_correction_plans_the_cores_busier_than_the_utilisation_cap():
+    # A 2 ms model at 120 req/s whose windows all read far under the 0.8 x 45 ms set point (the
+    # PI would give back down to half the feed-forward): the cores stay at lambda' s / 0.75.
+    controller = FeedForwardController(initial_cores=0.4, min_cores=0.05, max_cores=1.5, setpoint_ratio=0.8)
+    for _ in range(20):
+        window = Window(count=120, total_ms=120 * 3.0, cpu_s=120 * 0.002, times_ms=[3.0] * 120)
+        cores = controller.demand(window, 45.0)
+        controller.granted(cores)
+    assert controller.correction < 0
+    assert cores == pytest.approx(0.002 * (120 + math.sqrt(120)) / MAX_UTILISATION)
 
 
 def test_an_idle_model_is_at_its_minimum_within_five_periods():
@@ -149,6 +163,41 @@ def test_react_raises_the_demand_when_work_arrives_faster_than_the_cores_drain()
     assert controller.react(Window(count=15, total_ms=150.0), SLA_MS, 0.5) is None  # the usual 30 req/s
     assert controller.react(spill, SLA_MS, 0.05) is None  # too short a stretch to tell a rate
     assert ours().react(spill, SLA_MS, 0.5) is None  # nothing measured yet: no prediction
+
+
+def test_under_the_mean_the_cpu_is_held_to_what_keeps_both_devices_mean_at_the_set_point():
+    # ROMA's tau_R (equation 1) averages the model's requests on both devices. Set point 20 ms
+    # (alpha 0.5 of 40 ms); 10 requests on the CPU.
+    controller = ours()
+    window = Window(count=10, total_ms=250.0, times_ms=[25.0] * 10)
+    assert controller.cpu_sla_ms(window, SLA_MS) == SLA_MS  # the GPUs answered none
+
+    def with_gpu(count: int, each_ms: float) -> Window:
+        return replace(window, times_ms=list(window.times_ms), gpu_count=count, gpu_total_ms=count * each_ms)
+
+    # 10 GPU answers at 10 ms leave the CPU's 10 a mean of (20 x 20 - 100) / 10 = 30 ms.
+    assert controller.cpu_sla_ms(with_gpu(10, 10.0), SLA_MS) == pytest.approx(30.0 / ALPHA)
+    # Never past the SLA itself, however fast the GPUs were.
+    assert controller.cpu_sla_ms(with_gpu(500, 1.0), SLA_MS) == pytest.approx(SLA_MS / ALPHA)
+    # GPU answers over the set point are not the CPU's to win back: the plain target.
+    assert controller.cpu_sla_ms(with_gpu(10, 35.0), SLA_MS) == SLA_MS
+    # The percentile and deadline measures hold every request: the plain target.
+    for measure in (SlaMeasure("percentile", 95.0), SlaMeasure("deadline")):
+        assert ours(measure=measure).cpu_sla_ms(with_gpu(10, 10.0), SLA_MS) == SLA_MS
+
+    # The same CPU load asks for fewer cores when the GPUs answered the rest faster.
+    def cores_after(gpu_each_ms: float | None) -> float:
+        controller, cores, backlog = ours(), 0.3, 0.0
+        for _ in range(6):
+            window, backlog = period(cores, 40.0, backlog)
+            if gpu_each_ms is not None:
+                window.gpu_count, window.gpu_total_ms = 40, 40 * gpu_each_ms
+            cores = controller.demand(window, SLA_MS)
+            controller.granted(cores)
+        return cores
+
+    assert cores_after(5.0) < 0.9 * cores_after(None)
+    assert cores_after(35.0) == pytest.approx(cores_after(None))
 
 
 def test_sla_measures():

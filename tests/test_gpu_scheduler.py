@@ -131,10 +131,21 @@ def test_profile_learns_a_rolling_high_percentile_and_fits_unseen_sizes():
 def test_cpu_takes_only_what_the_gpu_cannot_finish():
     profile = linear(1, 9)  # a batch of 8 takes 17 ms
     soon = Request(1, "m", 0.0, 0.030)
-    assert gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.010, profile=profile, max_batch=8)
-    assert not gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.015, profile=profile, max_batch=8)
-    # Deep in the queue it waits for a second GPU batch.
-    assert not gpu_can_finish(soon, 8, now=0.0, gpu_free_at=0.0, profile=profile, max_batch=8)
+    assert gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.020, profile=profile, max_batch=8)  # 20 + 10 ms
+    assert not gpu_can_finish(soon, 0, now=0.0, gpu_free_at=0.021, profile=profile, max_batch=8)
+    # Its own batch costs what it holds: the 8th request rides in a batch of 8 (17 ms), the
+    # 9th waits for that batch, then rides in one of 1 (17 + 10 ms), the 17th in a third.
+    assert gpu_can_finish(soon, 7, now=0.0, gpu_free_at=0.010, profile=profile, max_batch=8)
+    assert gpu_can_finish(soon, 8, now=0.0, gpu_free_at=0.0, profile=profile, max_batch=8)
+    assert not gpu_can_finish(soon, 8, now=0.0, gpu_free_at=0.005, profile=profile, max_batch=8)
+    assert not gpu_can_finish(soon, 16, now=0.0, gpu_free_at=0.0, profile=profile, max_batch=8)
+    # A GPU whose cost grows with the batch (no fixed cost): the head of a fresh queue is the
+    # GPU's, though a full batch (8 x 16 ms) would not meet its 56 ms.
+    per_item = linear(16, 0)
+    fresh = Request(2, "m", 0.0, 0.056)
+    assert gpu_can_finish(fresh, 0, now=0.0, gpu_free_at=0.0, profile=per_item, max_batch=8)
+    assert gpu_can_finish(fresh, 2, now=0.0, gpu_free_at=0.0, profile=per_item, max_batch=8)
+    assert not gpu_can_finish(fresh, 3, now=0.0, gpu_free_at=0.0, profile=per_item, max_batch=8)
 
 
 def test_plain_percentile_and_fit_agree_with_numpy():

@@ -153,6 +153,29 @@ def test_an_executor_reports_the_cores_its_actuator_will_enforce(tmp_path):
         backend.close()
 
 
+async def test_a_few_small_requests_read_their_cpu_time_finer_than_the_kernels_10_ms_ticks(tmp_path, example_models):
+    # A request of the MLP takes well under a millisecond of CPU: counted in the kernel's
+    # 10 ms ticks (what psutil reads from /proc), five of them read 0 or 10 ms; as the
+    # executor reports it, a few milliseconds at most, and never a whole number of ticks.
+    actuator = make_actuator("auto")
+    models = {"mlp": example_models / "mlp.onnx"}
+    executor = ProcessExecutor("cpu-mlp", models, device="cpu", threads=1, cores=1.0, socket_dir=tmp_path, actuator=actuator)
+    try:
+        await executor.start()
+        x = np.random.default_rng(0).random((1, 512), dtype=np.float32)
+        await executor.infer("mlp", {"x": x})
+        before = executor.cpu_seconds()
+        for _ in range(5):
+            await executor.infer("mlp", {"x": x})
+        used = executor.cpu_seconds() - before
+        assert 0 < used < 0.009, used
+        ticks = used / 0.01
+        assert abs(ticks - round(ticks)) > 1e-6, used
+    finally:
+        await executor.stop()
+        actuator.close()
+
+
 async def test_a_process_executor_reports_the_cpu_time_it_used(tmp_path, example_models):
     actuator = make_actuator("auto")
     models = {"mlp": example_models / "mlp.onnx"}

@@ -345,7 +345,8 @@ class WorkerNode:
         if total is None:
             return 0.0
         previous, load.cpu_seen = load.cpu_seen, (executor.pid, total)
-        return total - previous[1] if previous is not None and previous[0] == executor.pid else 0.0
+        # (max: the first report after the kernel's 10 ms ticks may read a hair below them)
+        return max(0.0, total - previous[1]) if previous is not None and previous[0] == executor.pid else 0.0
 
     def _set_cores(self, name: str, cores: float) -> None:
         executor = self.node.cpu[name]

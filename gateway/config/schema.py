@@ -23,6 +23,7 @@ from pydantic import AfterValidator, ConfigDict, Field, with_config
 from controllers.feedforward import FEEDFORWARD_SETPOINT
 from controllers.pi import DEFAULT_GAIN, DEFAULT_POLE, DEFAULT_ZERO
 from controllers.sla_measure import SlaMeasure
+from schedulers.dispatch import SPILL_WITHIN
 from schedulers.gpu import DEFAULT_POLICY, POLICIES
 
 DEFAULT_PORT = 8000
@@ -145,6 +146,9 @@ class GpuTable:
     cpu_sharing: Literal["spill", "greedy"] = "spill"
     """How CPU executors share a queue with the GPUs: spill takes only what the GPUs' projected
     capacity cannot finish in time; greedy takes anything (work-conserving, for comparison)."""
+    spill_within: Annotated[float, Field(gt=0, le=1)] = SPILL_WITHIN
+    """spill: the GPUs keep a request only if they can answer it within this share of its SLA
+    (the other models' requests due before it counted ahead of it); the CPU takes the rest."""
     emulated_outputs: Literal["computed", "zeros"] = "computed"
     """What an emulated GPU answers: computed (real outputs, computed on the CPU while the batch
     is held for l(b)) or zeros (no computation: for benchmarks of scheduling only)."""

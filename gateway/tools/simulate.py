@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from schedulers.dispatch import CPU, EPSILON_S, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.dispatch import CPU, EPSILON_S, GPU, SPILL_WITHIN, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import BASELINES, DEFAULT_POLICY, POLICIES, GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -150,6 +150,7 @@ class Simulation:
         gpus: int,
         policy: str = "deferral",
         cpu_sharing: str = "spill",
+        spill_within: float = SPILL_WITHIN,
         request_timeout_s: float = ZOO_TIMEOUT_S,
         seed: int = 0,
         stop_when_bad: Mapping[str, int] | None = None,
@@ -171,6 +172,7 @@ class Simulation:
             gpu_scheduler=GpuScheduler(policy) if gpus else None,
             request_timeout_s=request_timeout_s,
             cpu_sharing=cpu_sharing,
+            spill_within=spill_within,
         )
         for model in models:
             if model.cpu is not None:
@@ -415,6 +417,7 @@ def simulate_config(
         gpus=len(config.node.gpus),
         policy=config.gpu.policy,
         cpu_sharing=config.gpu.cpu_sharing,
+        spill_within=config.gpu.spill_within,
         request_timeout_s=config.server.request_timeout_ms / 1000,
         seed=config.policy.seed if config.policy.seed is not None else seed,
     )
