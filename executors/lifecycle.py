@@ -39,6 +39,15 @@ class ExecutorStartError(RuntimeError):
     """The executor never became ready; the message carries what it printed."""
 
 
+def cpu_seconds_since(previous: tuple[int | None, float] | None, pid: int | None, total: float) -> float:
+    """CPU seconds a process used since ``previous`` (its pid and ``cpu_seconds`` then): 0 on a
+    first reading or across a restart (a new process), and never below 0 (the first report
+    after the kernel's 10 ms ticks may read a hair below them)."""
+    if previous is None or previous[0] != pid:
+        return 0.0
+    return max(0.0, total - previous[1])
+
+
 class SupervisedExecutor(abc.ABC):
     """One executor (one OS process or container) and its connection, restarted when it dies."""
 

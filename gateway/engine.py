@@ -38,7 +38,7 @@ import numpy as np
 
 from executors.connection import BatchLate, ExecutorFailed, ModelError
 from executors.container import DockerBackend
-from executors.lifecycle import SupervisedExecutor
+from executors.lifecycle import SupervisedExecutor, cpu_seconds_since
 from executors.limits import Actuator
 from gateway.batching import batch_key, split_outputs, stack_inputs
 from gateway.cluster.dispatcher import Cluster
@@ -741,8 +741,7 @@ class Engine:
             return 0.0
         self.metrics.executor_cpu_seconds.labels(executor.id, executor.device).set(total)
         self._cpu_seen[executor.id] = (executor.pid, total)
-        # (max: the first report after the kernel's 10 ms ticks may read a hair below them)
-        return max(0.0, total - previous[1]) if previous is not None and previous[0] == executor.pid else 0.0
+        return cpu_seconds_since(previous, executor.pid, total)
 
     def _on_period(self, now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
         for name, allocation in allocations.items():

@@ -146,20 +146,21 @@ SPILL_WITHIN = 0.7
 class _OtherGpuQueue:
     """Another model's queue as GPU work ahead of a request of this one: its requests due before
     the request's deadline, less those no GPU can finish anyway (the hopeless head, the CPU's).
-    Asked with ascending deadlines, it walks its queue once."""
+    Asked with ascending deadlines, it walks its queue once (an iterator: a deque's index is
+    linear in the middle)."""
 
     def __init__(self, queue: RequestQueue, profile: LatencyProfile, max_batch: int, gpu_start: float):
-        self.queue, self.profile, self.max_batch = queue, profile, max_batch
-        self.hopeless = hopeless_count(queue, profile, gpu_start)
-        self.due = self.hopeless  # requests due no later than the last deadline asked about
+        self.profile, self.max_batch = profile, max_batch
+        self._rest = itertools.islice(queue, hopeless_count(queue, profile, gpu_start), None)
+        self._next = next(self._rest, None)
+        self.due = 0  # requests past the hopeless head due no later than the last deadline asked about
 
     def work_before(self, deadline: float) -> float:
         """ms of GPU work in this queue due no later than ``deadline``."""
-        queue, due = self.queue, self.due
-        while due < len(queue) and queue[due].deadline <= deadline:
-            due += 1
-        self.due = due
-        return batches_ms(self.profile, due - self.hopeless, self.max_batch) if due > self.hopeless else 0.0
+        while self._next is not None and self._next.deadline <= deadline:
+            self.due += 1
+            self._next = next(self._rest, None)
+        return batches_ms(self.profile, self.due, self.max_batch)
 
 
 class DispatchCore:

@@ -45,7 +45,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from executors.connection import BatchLate, ExecutorFailed, ModelError, read_frame
-from executors.lifecycle import SupervisedExecutor
+from executors.lifecycle import SupervisedExecutor, cpu_seconds_since
 from executors.wire import encode_frame, pack_tensors, unpack_tensors
 from gateway.cluster.tls import server_context
 from gateway.config import GatewayConfig, worker_token_error
@@ -345,8 +345,7 @@ class WorkerNode:
         if total is None:
             return 0.0
         previous, load.cpu_seen = load.cpu_seen, (executor.pid, total)
-        # (max: the first report after the kernel's 10 ms ticks may read a hair below them)
-        return max(0.0, total - previous[1]) if previous is not None and previous[0] == executor.pid else 0.0
+        return cpu_seconds_since(previous, executor.pid, total)
 
     def _set_cores(self, name: str, cores: float) -> None:
         executor = self.node.cpu[name]
