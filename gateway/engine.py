@@ -810,6 +810,7 @@ class Engine:
 
         def so_far() -> Window:
             window = Window(runtime.window.count, runtime.window.total_ms)
+            window.gpu_count, window.gpu_total_ms = runtime.window.gpu_count, runtime.window.gpu_total_ms
             window.waiting, window.oldest_wait_ms = self.core.cpu_backlog(runtime.name, self.now)
             return window
 

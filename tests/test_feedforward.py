@@ -109,6 +109,25 @@ def test_no_correction_plans_the_cores_busier_than_the_utilisation_cap():
     assert cores == pytest.approx(0.002 * (120 + math.sqrt(120)) / MAX_UTILISATION)
 
 
+def test_a_correction_learnt_at_a_busy_load_never_takes_the_time_one_request_needs():
+    # 120 req/s of a 4 ms model whose windows read far under the 20 ms set point: the PI gives
+    # back cores. Then 4 req/s: a request alone, at quota speed, takes s / c, so the cores stay
+    # at least s / T (0.2) and half the work over it, where a cut of half the feed-forward left
+    # 0.11 (a 36 ms request on its own).
+    controller = ours()
+    for _ in range(10):
+        busy = Window(count=120, total_ms=120 * 2.0, cpu_s=120 * SERVICE_S, times_ms=[2.0] * 120)
+        controller.granted(controller.demand(busy, SLA_MS))
+    assert controller.correction < 0
+    target_s = ALPHA * SLA_MS / 1000
+    for _ in range(3):
+        quiet = Window(count=4, total_ms=4 * 2.0, cpu_s=4 * SERVICE_S, times_ms=[2.0] * 4)
+        cores = controller.demand(quiet, SLA_MS)
+        controller.granted(cores)
+        work = SERVICE_S * (4 + math.sqrt(4))
+        assert cores >= SERVICE_S / target_s + work / 2 - 1e-9
+
+
 def test_an_idle_model_is_at_its_minimum_within_five_periods():
     # A 0.5 ms model: ROMA's PI gives back at most K / 2 = s / (2 alpha SLA), 0.0125 core a period.
     rates = [400.0] * 10 + [0.0] * 6
@@ -163,6 +182,20 @@ def test_react_raises_the_demand_when_work_arrives_faster_than_the_cores_drain()
     assert controller.react(Window(count=15, total_ms=150.0), SLA_MS, 0.5) is None  # the usual 30 req/s
     assert controller.react(spill, SLA_MS, 0.05) is None  # too short a stretch to tell a rate
     assert ours().react(spill, SLA_MS, 0.5) is None  # nothing measured yet: no prediction
+
+
+def test_react_reads_no_rise_into_the_poisson_noise_of_a_fifth_of_a_period():
+    # 60 req/s, a fifth of a period in: 20 arrivals where 12 are expected read 100 a second at
+    # face value, 1.36x the cores; one standard deviation of their noise under that, 78 a second,
+    # is 1.16x, under REACT_MARGIN. 30 arrivals in the same fifth are a rise either way.
+    controller = ours()
+    window, _ = period(0.3, 60.0, 0.0)
+    controller.granted(controller.demand(window, SLA_MS))
+    assert controller.react(Window(count=20, total_ms=20 * 20.0), SLA_MS, 0.2) is None
+    # The same 20, 5 of them still waiting where Little's law expects 2.2: no noise, a rise.
+    assert controller.react(Window(count=15, total_ms=15 * 20.0, waiting=5, oldest_wait_ms=30.0), SLA_MS, 0.2) is not None
+    raised = controller.react(Window(count=30, total_ms=30 * 20.0), SLA_MS, 0.2)
+    assert raised is not None and raised > 1.25 * controller.feed_forward
 
 
 def test_under_the_mean_the_cpu_is_held_to_what_keeps_both_devices_mean_at_the_set_point():
