@@ -59,11 +59,11 @@ Between periods (``react``): when work reaches the executor faster than its core
 of the period so far, and the demand is raised without waiting for the period's end. Unless
 more requests wait than Little's law expects, the rate it plans for is one standard deviation of
 Poisson noise under what the part so far shows: read at face value, a fifth of a period's
-arrivals raised the cores in most periods, and ROMA's AllApps test (benchmarks/roma_eval.py
+arrivals raised the cores again and again, and ROMA's AllApps test (benchmarks/roma_eval.py
 --step-s 6, ours alone) was granted 32 core-seconds where the period steps asked for 23. With
-the noise taken off, three seeds: 30-32 core-seconds and no violating one-second window
-(clients) on AllApps, 25-27 and 1-2 on 2-Apps b (before: 33-35 with 0-1, 25-27 with 0-2). With
-the noise taken off even where a backlog built up, 2-Apps b had 0-6.
+the noise taken off, seeds 1-3: 30-32 core-seconds and no violating one-second window (clients)
+on AllApps, 25-27 and 1-2 on 2-Apps b (before: 33 and 35 in two runs of seed 1 with 0 and 1;
+25-27 with 0-2). With the noise taken off even where a backlog built up, 2-Apps b had 0-6.
 
 Measured on a fluid queue (tests/test_feedforward.py): a 4x step of the load is met in the
 period after it, where the PI alone takes three, and an idle model is at its minimum in four
@@ -89,8 +89,8 @@ from controllers.sla_measure import SlaMeasure
 # Ours's set point, in SLAs: ROMA's alpha. The feed-forward plans for a standard deviation of
 # Poisson arrivals, drains the backlog and never plans past ``MAX_UTILISATION``, so few of the
 # one-second windows that pushed ROMA's PI over the SLA go over it at 0.8 (ROMA's evaluation,
-# docs/BENCHMARKS.md: 0 / 1 / 1 violating windows on 15 / 26 / 35 core-seconds; a trial at 0.5
-# had none, on 16 / 29 / 37).
+# docs/BENCHMARKS.md: 0 / 1 / 0 violating windows on 15 / 26 / 33 core-seconds, ROMA's 4 / 26 /
+# 30 on 17 / 26 / 29; a trial at 0.5, before react read noise as noise, had none on 16 / 29 / 37).
 FEEDFORWARD_SETPOINT = 0.8
 # Standard deviations of Poisson arrivals planned for above the measured rate.
 ARRIVAL_HEADROOM = 1.0
