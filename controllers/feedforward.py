@@ -238,14 +238,13 @@ class FeedForwardController:
         work = self.service_s * planned_rate(rate, self.period_s)
         self.correction = clamp(self.correction, -MAX_CUT * work, self.max_cores)
         self._last_error = error
-        self._demand = self._planned(self.feed_forward + self.correction, rate)
+        self._demand = self._planned(self.feed_forward + self.correction, work)
         return self._demand
 
-    def _planned(self, cores: float, rate: float) -> float:
-        """``cores``, never busier than ``MAX_UTILISATION`` at ``rate``, within the model's bounds."""
-        assert self.service_s is not None
-        busiest = self.service_s * planned_rate(rate, self.period_s) / MAX_UTILISATION
-        return clamp(max(cores, busiest), self.min_cores, self.max_cores)
+    def _planned(self, cores: float, work: float) -> float:
+        """``cores``, never busier than ``MAX_UTILISATION`` with ``work`` (s lambda') to do, within
+        the model's bounds."""
+        return clamp(max(cores, work / MAX_UTILISATION), self.min_cores, self.max_cores)
 
     def react(self, window: Window, sla_ms: float, elapsed_s: float) -> float | None:
         """A raised demand when the work reaching the executor so far this period (``window``,
@@ -265,7 +264,8 @@ class FeedForwardController:
         # A negative correction is left out: it was learnt at the last period's load, and a rise
         # is a change of load (taken in, ROMA's AllApps test had 3-7 violating one-second windows
         # in one-seed trials of ours alone, against 0-1 without). The cap is in, as in ``demand``.
-        wanted = self._planned(feed_forward + max(0.0, self.correction), rate)
+        work = self.service_s * planned_rate(rate, self.period_s)
+        wanted = self._planned(feed_forward + max(0.0, self.correction), work)
         if wanted <= REACT_MARGIN * self._cores:
             return None
         self._demand = wanted

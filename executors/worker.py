@@ -182,8 +182,8 @@ def serve(
             descriptions, buffers = pack_tensors({n: np.asarray(o) for n, o in zip(names, outputs, strict=True)})
             # The process's CPU time so far, to the nanosecond: the kernel's per-process counters
             # that the gateway could read from outside tick at 10 ms, coarser than a request.
-            result = {"kind": "result", "id": request_id, "compute_ms": compute_ms, "cpu_s": time.process_time()}
-            send({**result, "tensors": descriptions}, buffers)
+            cpu_s = time.process_time()
+            send({"kind": "result", "id": request_id, "compute_ms": compute_ms, "cpu_s": cpu_s, "tensors": descriptions}, buffers)
         except Exception as error:  # the model's error goes back to the request, the executor lives on
             send({"kind": "error", "id": request_id, "message": f"{type(error).__name__}: {error}"})
 

@@ -809,8 +809,8 @@ class Engine:
             return
 
         def so_far() -> Window:
-            window = Window(runtime.window.count, runtime.window.total_ms)
-            window.gpu_count, window.gpu_total_ms = runtime.window.gpu_count, runtime.window.gpu_total_ms
+            done = runtime.window
+            window = Window(done.count, done.total_ms, gpu_count=done.gpu_count, gpu_total_ms=done.gpu_total_ms)
             window.waiting, window.oldest_wait_ms = self.core.cpu_backlog(runtime.name, self.now)
             return window
 
