@@ -40,9 +40,11 @@ What is measured, per test and system: mean, max and std of response time; viola
 clients see them, 1 s and 10 s windows by sending time whose mean response time of a model's
 requests (either device) was over its SLA, beside the admin API's count (CPU-served requests
 only) and the requests over their SLA; core-seconds as the admin API reports them (enforced)
-and their ratio to ROMA's and RR+max's; requests served on GPU and CPU; errors. One markdown
-table per test beside the paper's Table 2, the violating windows per rate step, and plots like
-Figure 2, docs/roma/eval-<test>.png (ours and ROMA: per model, mean response time per second
+and their ratio to ROMA's and RR+max's; the least core-seconds that could have served the run's
+CPU work (per model and 1 s period, the floor or the CPU time its executor used, whichever is
+more: every core busy every instant) and its ratio to RR+max's; requests served on GPU and CPU;
+errors. One markdown table per test beside the paper's Table 2, the violating windows per
+rate step, and plots like Figure 2, docs/roma/eval-<test>.png (ours and ROMA: per model, mean response time per second
 against the SLA, and cores per control period). Raw results, with every run's client samples
 and admin history, in benchmarks/work/roma_eval.json; ``--table`` reprints from it.
 """
@@ -64,6 +66,7 @@ sys.path.insert(0, str(HERE))
 
 from roma_cpu import (  # noqa: E402
     DOCS,
+    MIN_CORES,
     MODELS,
     STAND_INS,
     WORK,
@@ -207,6 +210,23 @@ def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: in
     }
 
 
+def floor_or_work(row: dict, step_s: float) -> float | None:
+    """The core-seconds under which no controller could have served this run's CPU work: per
+    model and control period (1 s), the floor (MIN_CORES) or the CPU time its executor used,
+    whichever is more (cores busy every instant, no headroom for a queue). None for a run whose
+    history does not carry the CPU time (older results)."""
+    duration_s = step_s * max(len(app["rates"]) for app in load_tests()[row["test"]])
+    periods = [
+        h
+        for record in row["per_model"].values()
+        for h in record["history"]
+        if row["clock_start"] < h["t"] <= row["clock_start"] + duration_s
+    ]
+    if not periods or any("cpu_s" not in h for h in periods):
+        return None
+    return sum(max(MIN_CORES, h["cpu_s"]) for h in periods)
+
+
 def label(system: str) -> str:
     return SYSTEMS[system][3] or "ours"
 
@@ -246,7 +266,7 @@ def print_steps(rows: list[dict], step_s: float) -> None:
                     print(f"| {app} ({model}) | {step + 1} | " + " | ".join(cells) + " |")
 
 
-def print_tables(rows: list[dict]) -> None:
+def print_tables(rows: list[dict], step_s: float) -> None:
     """One table per test, every system that ran, beside the paper's Table 2."""
     paper = paper_table()
     for test in sorted({r["test"] for r in rows}):
@@ -255,9 +275,11 @@ def print_tables(rows: list[dict]) -> None:
         print(f"\n{test}\n")
         print(
             "| system | mean ms | max ms | std ms | V 1 s (clients) | V 10 s (clients) | V 1 s (admin, CPU) | V requests "
-            "| core-s | x ROMA | x RR+max | GPU / CPU requests | errors | paper: mean s | max s | std s | V | core-s |"
+            "| core-s | x ROMA | x RR+max | floor or CPU used, core-s (x RR+max) | GPU / CPU requests | errors "
+            "| paper: mean s | max s | std s | V | core-s |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        rr_max = by_system.get("rr+max")
         for row in chosen:
             name = SYSTEMS[row["system"]][3]
             p = paper.get((test, name)) if name else None
@@ -266,11 +288,13 @@ def print_tables(rows: list[dict]) -> None:
                 if p
                 else " | ".join("-" * 5)
             )
+            bound = floor_or_work(row, step_s)
+            least = "-" if bound is None else f"{bound:.1f}" + (f" ({bound / rr_max['core_seconds']:.2f})" if rr_max else "")
             print(
                 f"| {name or 'ours (' + DEFAULT_POLICY + ' + feedforward, deficit)'} | {row['mean_rt_ms']:.1f} "
                 f"| {row['max_rt_ms']:.0f} | {row['std_rt_ms']:.1f} | {client_violations(row)} | {client_violations(row, 10)} "
                 f"| {row['window_violations']} | {row['request_violations']} | {row['core_seconds']:.0f} "
-                f"| {ratio(row, by_system.get('roma'))} | {ratio(row, by_system.get('rr+max'))} "
+                f"| {ratio(row, by_system.get('roma'))} | {ratio(row, rr_max)} | {least} "
                 f"| {row['served_gpu']} / {row['served_cpu']} | {row['errors']} | {theirs} |"
             )
 
@@ -318,8 +342,8 @@ def main() -> int:
     elif "gpu" in saved and args.table:
         print_gpu(saved["gpu"])
     rows = saved["rows"]
-    print_tables(rows)
     step_s = saved.get("step_s", args.step_s)
+    print_tables(rows, step_s)
     print_steps(rows, step_s)
     for test in sorted({r["test"] for r in rows}):
         path = plot(rows, test, step_s)

@@ -166,6 +166,7 @@ class ModelRuntime:
                 "sla_ms": self.sla_ms,
                 "demanded_cores": round(demanded, 4),
                 "cores": round(granted, 4),
+                "cpu_s": round(served.cpu_s, 4),  # CPU time its executors used in the period
                 "violation": violated,
             }
         )

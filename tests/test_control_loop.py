@@ -95,6 +95,8 @@ cpu = {{ cores = 0.2, min_cores = 0.1, max_cores = 1.5, threads = 1 }}
     assert f'gateway_window_violations_total{{model="busy"}} {float(stats["window_violations"])}' in metrics
     assert 'gateway_core_seconds_total{model="busy"}' in metrics
     assert 'gateway_executor_cores{executor="cpu-busy",model="busy"}' in metrics
+    # The CPU time each period used is in the series too: never more than the quota enforced.
+    assert 0 < sum(h["cpu_s"] for h in history) <= stats["core_seconds"]
 
     # One entry a second from start-up; the load began within a second of the first one.
     periods = [h for h in history if h["requests"] > 0]
@@ -116,5 +118,7 @@ cpu = {{ cores = 0.2, min_cores = 0.1, max_cores = 1.5, threads = 1 }}
     settled_mean = sum(h["mean_rt_ms"] * h["requests"] for h in settled) / served
     assert settled_mean < SLA_MS, settled_mean
     assert sum(h["violation"] for h in settled) <= len(settled) / 3, [round(h["mean_rt_ms"]) for h in settled]
+    # The step's work shows in the CPU time used.
+    assert sum(h["cpu_s"] for h in high) > 2 * sum(h["cpu_s"] for h in low) * len(high) / len(low)
     # When the load drops, the cores come back down.
     assert mean([h["cores"] for h in drop[-5:]]) < 0.6 * mean([h["cores"] for h in high[-5:]])
