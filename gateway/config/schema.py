@@ -204,8 +204,8 @@ class ControlConfig:
     setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
     """ROMA's alpha: the set point is alpha x SLA."""
     feedforward_setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = FEEDFORWARD_SETPOINT
-    """The feedforward policy's own alpha: lower than ROMA's 0.8, because one-second windows of
-    millisecond requests scatter widely around their mean (controllers/feedforward.py)."""
+    """The feedforward policy's own alpha: above ROMA's 0.8, because its prediction plans for the
+    Poisson noise of the arrivals and a utilisation cap already (controllers/feedforward.py)."""
     spare_share: Share = 0.0
     """ROMA's gamma: share of the spare cores handed out."""
     grant: GrantRule = "proportional"
