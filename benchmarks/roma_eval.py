@@ -211,12 +211,11 @@ def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: in
     }
 
 
-def floor_or_work(row: dict, step_s: float) -> float | None:
-    """The core-seconds under which no controller could have served this run's CPU work: per
-    model and control period (1 s), the floor (MIN_CORES) or the CPU time its executor used,
-    whichever is more (cores busy every instant, no headroom for a queue). None for a run whose
-    history does not carry the CPU time (older results)."""
-    duration_s = step_s * max(len(app["rates"]) for app in load_tests()[row["test"]])
+def floor_or_work(row: dict, duration_s: float) -> float | None:
+    """The core-seconds under which no controller could have served this run's CPU work (its
+    first ``duration_s``): per model and control period (1 s), the floor (MIN_CORES) or the CPU
+    time its executor used, whichever is more (cores busy every instant, no headroom for a
+    queue). None for a run whose history does not carry the CPU time (older results)."""
     periods = [
         h
         for record in row["per_model"].values()
@@ -269,10 +268,11 @@ def print_steps(rows: list[dict], step_s: float) -> None:
 
 def print_tables(rows: list[dict], step_s: float) -> None:
     """One table per test, every system that ran, beside the paper's Table 2."""
-    paper = paper_table()
+    paper, tests = paper_table(), load_tests()
     for test in sorted({r["test"] for r in rows}):
         chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: list(SYSTEMS).index(r["system"]))
         by_system = {r["system"]: r for r in chosen}
+        duration_s = step_s * max(len(app["rates"]) for app in tests[test])
         print(f"\n{test}\n")
         print(
             "| system | mean ms | max ms | std ms | V 1 s (clients) | V 10 s (clients) | V 1 s (admin, CPU) | V requests "
@@ -289,7 +289,7 @@ def print_tables(rows: list[dict], step_s: float) -> None:
                 if p
                 else " | ".join("-" * 5)
             )
-            bound = floor_or_work(row, step_s)
+            bound = floor_or_work(row, duration_s)
             least = "-" if bound is None else f"{bound:.1f}" + (f" ({bound / rr_max['core_seconds']:.2f})" if rr_max else "")
             print(
                 f"| {name or 'ours (' + DEFAULT_POLICY + ' + feedforward, deficit)'} | {row['mean_rt_ms']:.1f} "
