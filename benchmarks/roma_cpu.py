@@ -110,10 +110,12 @@ def paper_table() -> dict[tuple[str, str], dict]:
         return {(r["test"], r["system"]): r for r in csv.DictReader(handle)}
 
 
-def config_text(apps: list[dict], policy: str, port: int, *, alpha: str = "", grant: str = "", gpu: tuple[str, ...] = ()) -> str:
+def config_text(
+    apps: list[dict], policy: str, port: int, *, alpha: str = "", grant: str = "", gpu: tuple[str, ...] = (), max_batch: int = 8
+) -> str:
     """The config of one system: CPU control ``policy`` (at set point ``alpha``, arbitrated by
-    ``grant``; empty: the gateway's defaults), and ``gpu`` lines for a [gpu] table (with one GPU
-    on the node) or none."""
+    ``grant``; empty: the gateway's defaults), ``gpu`` lines for a [gpu] table (with one GPU on
+    the node) or none, and each model's ``max_batch_size``."""
     lines = [
         "[server]",
         f"port = {port}",
@@ -135,7 +137,7 @@ def config_text(apps: list[dict], policy: str, port: int, *, alpha: str = "", gr
             f"[models.{model}]",
             f'path = "{MODELS / model}.onnx"',
             f"sla_ms = {app['sla_ms']}",
-            "max_batch_size = 8",
+            f"max_batch_size = {max_batch}",
             f"cpu = {{ cores = {NODE_CORES / len(apps)}, min_cores = {min_cores}, max_cores = {NODE_CORES}, threads = 2 }}",
             "",
         ]

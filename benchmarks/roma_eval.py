@@ -31,9 +31,13 @@ Scaling to this machine (the rules of benchmarks/roma_cpu.py, plus the GPU):
   paper's regime, where "faster GPUs alone are usually not enough" (Section 1), and the CPU
   executors must take the rest. The factor, the GPU ms per model and the peak load per test
   are printed at the start and kept in the JSON;
-- the GPU serves one request at a time, as ROMA's did (beta = 0: a batch of b costs b times
-  one request, no gain from batching; the H100's own fixed cost, 0.086 ms of upconv_l's
-  0.118 ms, would make batches nearly free, a regime ROMA did not run);
+- every device serves one request at a time, as ROMA's did (Algorithm 1 hands a free GPU "the
+  first request in queue m_S", and the CPU scheduler "removes a request from a randomly
+  selected queue"): each model's max_batch_size is 1 (``--max-batch``). The emulated GPU's
+  batch of b costs b times one request (beta = 0: the H100's own fixed cost, 0.086 ms of
+  upconv_l's 0.118 ms, would make batches nearly free, a regime ROMA did not run), so a batch
+  would gain nothing and make each of its requests wait for the whole of it. (Runs before
+  2026-11-25 allowed batches of up to 8: ``--max-batch 8``.);
 - the node has 1.5 cores for executors; RR+min gives all models together 1/6 of them.
 
 What is measured, per test and system: mean, max and std of response time; violations as the
@@ -93,6 +97,8 @@ H100_PROFILE = HERE / "profiles" / "h100.csv"
 H100_ROW = {"upconv_s": "upconv_l", "upconv_m": "upconv_l", "upconv_l": "upconv_l", "upconv_xl": "upconv_l"}
 # The peak step of every test asks the GPU for at least this many times what it can serve.
 GPU_OVERLOAD = 1.3
+# Requests per batch on either device: ROMA's schedulers hand an executor one request at a time.
+MAX_BATCH = 1
 # name: (GPU policy, CPU control policy, grant, the paper's name)
 SYSTEMS = {
     "roma": ("roma", "pi", "proportional", "ROMA"),
@@ -169,7 +175,9 @@ def write_profile(path: Path, gpu_ms: dict[str, float]) -> None:
     path.write_text("\n".join(rows) + "\n")
 
 
-def write_config(path: Path, apps: list[dict], system: str, port: int, profile: Path, gpu_executor: str) -> None:
+def write_config(
+    path: Path, apps: list[dict], system: str, port: int, profile: Path, gpu_executor: str, max_batch: int = MAX_BATCH
+) -> None:
     gpu_policy, control, grant, _ = SYSTEMS[system]
     gpu = (
         f'executor = "{gpu_executor}"',
@@ -177,13 +185,15 @@ def write_config(path: Path, apps: list[dict], system: str, port: int, profile: 
         f'policy = "{gpu_policy}"',
         'emulated_outputs = "zeros"',  # the emulated GPU must not spend this machine's cores
     )
-    path.write_text(config_text(apps, control, port, grant=grant, gpu=gpu))
+    path.write_text(config_text(apps, control, port, grant=grant, gpu=gpu, max_batch=max_batch))
 
 
-def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: int, profile: Path, gpu: str) -> dict:
+def run_system(
+    test: str, apps: list[dict], system: str, step_s: float, seed: int, profile: Path, gpu: str, max_batch: int = MAX_BATCH
+) -> dict:
     port = 19000 + random.Random().randrange(1000)
     config = WORK / f"eval-{test}-{system}.toml"
-    write_config(config, apps, system, port, profile, gpu)
+    write_config(config, apps, system, port, profile, gpu, max_batch)
     served = serve_and_drive(config, port, apps, step_s, seed)
 
     per_model = {}
@@ -307,6 +317,7 @@ def main() -> int:
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--gpu", choices=["emulated", "cuda"], default="emulated")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="each model's max_batch_size (ROMA: 1)")
     parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
     args = parser.parse_args()
     out_path = WORK / "roma_eval.json"
@@ -323,12 +334,20 @@ def main() -> int:
                 app["rates"] = [rate * RATE_SCALE for rate in app["rates"]]
         gpu = gpu_profile(tests)
         print_gpu(gpu)
+        print(f"every model's max_batch_size: {args.max_batch}")
         profile = WORK / "roma_eval_gpu.csv"
         write_profile(profile, gpu["gpu_ms"])
-        saved = {"gpu": gpu, "gpu_overload": GPU_OVERLOAD, "rate_scale": RATE_SCALE, "step_s": args.step_s, "rows": []}
+        saved = {
+            "gpu": gpu,
+            "gpu_overload": GPU_OVERLOAD,
+            "rate_scale": RATE_SCALE,
+            "step_s": args.step_s,
+            "max_batch": args.max_batch,
+            "rows": [],
+        }
         for test in args.tests.split(","):
             for system in args.systems.split(","):
-                row = run_system(test, tests[test], system, args.step_s, args.seed, profile, args.gpu)
+                row = run_system(test, tests[test], system, args.step_s, args.seed, profile, args.gpu, args.max_batch)
                 saved["rows"].append(row)
                 out_path.write_text(json.dumps(saved, separators=(",", ":")))
                 print(
