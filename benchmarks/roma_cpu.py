@@ -111,11 +111,20 @@ def paper_table() -> dict[tuple[str, str], dict]:
 
 
 def config_text(
-    apps: list[dict], policy: str, port: int, *, alpha: str = "", grant: str = "", gpu: tuple[str, ...] = (), max_batch: int = 8
+    apps: list[dict],
+    policy: str,
+    port: int,
+    *,
+    alpha: str = "",
+    grant: str = "",
+    gpu: tuple[str, ...] = (),
+    max_batch: int = 8,
+    control: tuple[str, ...] = (),
 ) -> str:
     """The config of one system: CPU control ``policy`` (at set point ``alpha``, arbitrated by
-    ``grant``; empty: the gateway's defaults), ``gpu`` lines for a [gpu] table (with one GPU on
-    the node) or none, and each model's ``max_batch_size``."""
+    ``grant``; empty: the gateway's defaults; ``control``: more lines of the [control] table),
+    ``gpu`` lines for a [gpu] table (with one GPU on the node) or none, and each model's
+    ``max_batch_size``."""
     lines = [
         "[server]",
         f"port = {port}",
@@ -127,6 +136,7 @@ def config_text(
         f'policy = "{policy}"',
         *([f"setpoint_ratio = {alpha}"] if alpha else []),
         *([f'grant = "{grant}"'] if grant else []),
+        *control,
         "",
     ]
     # RR+min: 1/6 of the node for all models together (the paper's 1 core of 6 per worker).

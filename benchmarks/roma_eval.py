@@ -12,6 +12,10 @@ one GPU executor (the real one with ``--gpu cuda`` where a GPU exists, else the 
     RR+min    GPU: round robin                           CPU: 1/6 of the node, static
     ours      GPU: schedulers.gpu's DEFAULT_POLICY       CPU: feedforward + PI, grant deficit
 
+A system named with a set point, such as ``--systems roma@0.6,ours@1.0``, runs with its CPU set
+point moved (ROMA's PI and Algorithm 1's deficit at 0.6 SLA; ours' feed-forward at 1.0 SLA):
+where the systems trade cores for violations, this compares them at equal violations too.
+
 Every test of ../shared/data/roma_experiment.csv drives each model with open-loop Poisson
 arrivals whose rate changes every 35 s through the listed steps (8 steps, 280 s).
 
@@ -110,6 +114,30 @@ SYSTEMS = {
 }
 
 
+def split_system(system: str) -> tuple[str, str]:
+    """A system with its CPU set point moved, as ``--systems`` names it: "roma@0.6" is ROMA with
+    its PI (and Algorithm 1's deficit) at 0.6 SLA, "ours@1.0" ours with its feed-forward at 1.0
+    SLA. Returns the system and the set point ("" where unchanged)."""
+    base, _, setpoint = system.partition("@")
+    return base, setpoint
+
+
+def known_system(system: str) -> bool:
+    base, setpoint = split_system(system)
+    if base not in SYSTEMS or (setpoint and SYSTEMS[base][1] not in ("pi", "feedforward")):
+        return False
+    try:
+        return not setpoint or 0 < float(setpoint) <= 1
+    except ValueError:
+        return False
+
+
+def order(system: str) -> tuple[int, str]:
+    """Where a system's row goes in the tables: after its base system."""
+    base, setpoint = split_system(system)
+    return list(SYSTEMS).index(base), setpoint
+
+
 def cpu_time_ms(model: str) -> float:
     """Median single-request time of the model on one core (ONNX Runtime, one thread)."""
     options = ort.SessionOptions()
@@ -178,14 +206,17 @@ def write_profile(path: Path, gpu_ms: dict[str, float]) -> None:
 def write_config(
     path: Path, apps: list[dict], system: str, port: int, profile: Path, gpu_executor: str, max_batch: int = MAX_BATCH
 ) -> None:
-    gpu_policy, control, grant, _ = SYSTEMS[system]
+    base, setpoint = split_system(system)
+    gpu_policy, control, grant, _ = SYSTEMS[base]
+    key = "feedforward_setpoint_ratio" if control == "feedforward" else "setpoint_ratio"
     gpu = (
         f'executor = "{gpu_executor}"',
         f'profile = "{profile}"',
         f'policy = "{gpu_policy}"',
         'emulated_outputs = "zeros"',  # the emulated GPU must not spend this machine's cores
     )
-    path.write_text(config_text(apps, control, port, grant=grant, gpu=gpu, max_batch=max_batch))
+    moved = (f"{key} = {setpoint}",) if setpoint else ()
+    path.write_text(config_text(apps, control, port, grant=grant, gpu=gpu, max_batch=max_batch, control=moved))
 
 
 def run_system(
@@ -238,7 +269,8 @@ def floor_or_work(row: dict, duration_s: float) -> float | None:
 
 
 def label(system: str) -> str:
-    return SYSTEMS[system][3] or "ours"
+    base, setpoint = split_system(system)
+    return (SYSTEMS[base][3] or "ours") + (f" @ {setpoint} SLA" if setpoint else "")
 
 
 def plot(rows: list[dict], test: str, step_s: float) -> Path | None:
@@ -259,7 +291,7 @@ def plot(rows: list[dict], test: str, step_s: float) -> Path | None:
 def print_steps(rows: list[dict], step_s: float) -> None:
     """Where the violations are: per test, model and rate step, the violating 1 s windows of each system."""
     for test in sorted({r["test"] for r in rows}):
-        chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: list(SYSTEMS).index(r["system"]))
+        chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: order(r["system"]))
         print(f"\n{test}: violating 1 s windows (clients) per rate step (steps of {step_s:g} s)\n")
         print("| model | step | " + " | ".join(label(r["system"]) for r in chosen) + " |")
         print("|---|---|" + "---|" * len(chosen))
@@ -280,7 +312,7 @@ def print_tables(rows: list[dict], step_s: float) -> None:
     """One table per test, every system that ran, beside the paper's Table 2."""
     paper, tests = paper_table(), load_tests()
     for test in sorted({r["test"] for r in rows}):
-        chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: list(SYSTEMS).index(r["system"]))
+        chosen = sorted((r for r in rows if r["test"] == test), key=lambda r: order(r["system"]))
         by_system = {r["system"]: r for r in chosen}
         duration_s = step_s * max(len(app["rates"]) for app in tests[test])
         print(f"\n{test}\n")
@@ -292,8 +324,9 @@ def print_tables(rows: list[dict], step_s: float) -> None:
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         rr_max = by_system.get("rr+max")
         for row in chosen:
-            name = SYSTEMS[row["system"]][3]
-            p = paper.get((test, name)) if name else None
+            base, setpoint = split_system(row["system"])
+            name = SYSTEMS[base][3]
+            p = paper.get((test, name)) if name and not setpoint else None
             theirs = (
                 f"{p['avg_rt_s']} | {p['max_rt_s']} | {p['std_rt_s']} | {p['violations']} | {p['core_seconds']}"
                 if p
@@ -302,7 +335,8 @@ def print_tables(rows: list[dict], step_s: float) -> None:
             bound = floor_or_work(row, duration_s)
             least = "-" if bound is None else f"{bound:.1f}" + (f" ({bound / rr_max['core_seconds']:.2f})" if rr_max else "")
             print(
-                f"| {name or 'ours (' + DEFAULT_POLICY + ' + feedforward, deficit)'} | {row['mean_rt_ms']:.1f} "
+                f"| {label(row['system']) if name else 'ours (' + DEFAULT_POLICY + ' + feedforward, deficit)'}"
+                f"{' @ ' + setpoint + ' SLA' if setpoint and not name else ''} | {row['mean_rt_ms']:.1f} "
                 f"| {row['max_rt_ms']:.0f} | {row['std_rt_ms']:.1f} | {client_violations(row)} | {client_violations(row, 10)} "
                 f"| {row['window_violations']} | {row['request_violations']} | {row['core_seconds']:.0f} "
                 f"| {ratio(row, by_system.get('roma'))} | {ratio(row, rr_max)} | {least} "
@@ -313,7 +347,9 @@ def print_tables(rows: list[dict], step_s: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", default="2apps-a,2apps-b,allapps")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="from: " + ", ".join(SYSTEMS) + "; NAME@0.6 moves its CPU set point"
+    )
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--gpu", choices=["emulated", "cuda"], default="emulated")
     parser.add_argument("--seed", type=int, default=1)
@@ -324,7 +360,7 @@ def main() -> int:
     if args.table:
         saved = json.loads(out_path.read_text())
     else:
-        unknown = [s for s in args.systems.split(",") if s not in SYSTEMS]
+        unknown = [s for s in args.systems.split(",") if not known_system(s)]
         if unknown:
             raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
         WORK.mkdir(exist_ok=True)
