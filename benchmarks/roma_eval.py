@@ -123,6 +123,8 @@ def split_system(system: str) -> tuple[str, str]:
 
 
 def known_system(system: str) -> bool:
+    """Whether ``--systems`` can run it: one of SYSTEMS, with a set point in (0, 1] only where a
+    controller has one (pi, feedforward)."""
     base, setpoint = split_system(system)
     if base not in SYSTEMS or (setpoint and SYSTEMS[base][1] not in ("pi", "feedforward")):
         return False
@@ -332,11 +334,11 @@ def print_tables(rows: list[dict], step_s: float) -> None:
                 if p
                 else " | ".join("-" * 5)
             )
+            shown = (name or f"ours ({DEFAULT_POLICY} + feedforward, deficit)") + (f" @ {setpoint} SLA" if setpoint else "")
             bound = floor_or_work(row, duration_s)
             least = "-" if bound is None else f"{bound:.1f}" + (f" ({bound / rr_max['core_seconds']:.2f})" if rr_max else "")
             print(
-                f"| {label(row['system']) if name else 'ours (' + DEFAULT_POLICY + ' + feedforward, deficit)'}"
-                f"{' @ ' + setpoint + ' SLA' if setpoint and not name else ''} | {row['mean_rt_ms']:.1f} "
+                f"| {shown} | {row['mean_rt_ms']:.1f} "
                 f"| {row['max_rt_ms']:.0f} | {row['std_rt_ms']:.1f} | {client_violations(row)} | {client_violations(row, 10)} "
                 f"| {row['window_violations']} | {row['request_violations']} | {row['core_seconds']:.0f} "
                 f"| {ratio(row, by_system.get('roma'))} | {ratio(row, rr_max)} | {least} "
@@ -363,6 +365,8 @@ def main() -> int:
         unknown = [s for s in args.systems.split(",") if not known_system(s)]
         if unknown:
             raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
+        if args.max_batch < 1:
+            raise SystemExit(f"--max-batch must be at least 1, not {args.max_batch}")
         WORK.mkdir(exist_ok=True)
         tests = load_tests()
         for apps in tests.values():
@@ -397,6 +401,7 @@ def main() -> int:
         saved = {"rows": saved}
     elif "gpu" in saved and args.table:
         print_gpu(saved["gpu"])
+        print(f"every model's max_batch_size: {saved.get('max_batch', 8)}")  # 8 in the runs before the option
     rows = saved["rows"]
     step_s = saved.get("step_s", args.step_s)
     print_tables(rows, step_s)
