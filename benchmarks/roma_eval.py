@@ -12,6 +12,8 @@ one GPU executor (the real one with ``--gpu cuda`` where a GPU exists, else the 
     RR+min    GPU: round robin                           CPU: 1/6 of the node, static
     ours      GPU: schedulers.gpu's DEFAULT_POLICY       CPU: feedforward + PI, grant deficit
 
+and, only where ``--systems`` names it, ``ours+roma-gpu`` (GPU: ROMA's deficit; CPU: ours').
+
 A system named with a set point, such as ``--systems roma@0.6,ours@1.0``, runs with its CPU set
 point moved (ROMA's PI and Algorithm 1's deficit at 0.6 SLA; ours' feed-forward at 1.0 SLA):
 where the systems trade cores for violations, this compares them at equal violations too.
@@ -111,7 +113,11 @@ SYSTEMS = {
     "rr+max": ("round_robin", "max", "", "RR+max"),
     "rr+min": ("round_robin", "min", "", "RR+min"),
     "ours": (DEFAULT_POLICY, "feedforward", "deficit", None),
+    # Not in the default run: ours' CPU control under ROMA's GPU order, to tell what each half does.
+    "ours+roma-gpu": ("roma", "feedforward", "deficit", "ours, ROMA's GPU order"),
 }
+# The systems of the paper's Table 2, and ours: what a run without --systems runs.
+DEFAULT_SYSTEMS = ("roma", "rr+ct", "rr+rules", "rr+max", "rr+min", "ours")
 
 
 def split_system(system: str) -> tuple[str, str]:
@@ -350,7 +356,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", default="2apps-a,2apps-b,allapps")
     parser.add_argument(
-        "--systems", default=",".join(SYSTEMS), help="from: " + ", ".join(SYSTEMS) + "; NAME@0.6 moves its CPU set point"
+        "--systems", default=",".join(DEFAULT_SYSTEMS), help="from: " + ", ".join(SYSTEMS) + "; NAME@0.6 moves its CPU set point"
     )
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--gpu", choices=["emulated", "cuda"], default="emulated")
