@@ -42,8 +42,8 @@ Scaling to this machine (the rules of benchmarks/roma_cpu.py, plus the GPU):
   selected queue"): each model's max_batch_size is 1 (``--max-batch``). The emulated GPU's
   batch of b costs b times one request (beta = 0: the H100's own fixed cost, 0.086 ms of
   upconv_l's 0.118 ms, would make batches nearly free, a regime ROMA did not run), so a batch
-  would gain nothing and make each of its requests wait for the whole of it. (Runs before
-  2026-11-25 allowed batches of up to 8: ``--max-batch 8``.);
+  would gain nothing and make each of its requests wait for the whole of it (runs before
+  2026-11-25 allowed batches of up to 8: ``--max-batch 8``);
 - the node has 1.5 cores for executors; RR+min gives all models together 1/6 of them.
 
 What is measured, per test and system: mean, max and std of response time; violations as the
