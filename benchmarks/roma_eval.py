@@ -276,9 +276,10 @@ def floor_or_work(row: dict, duration_s: float) -> float | None:
     return sum(max(MIN_CORES, h["cpu_s"]) for h in periods)
 
 
-def label(system: str) -> str:
+def label(system: str, ours: str = "ours") -> str:
+    """The system's name in tables and plots (``ours``: what to call ours)."""
     base, setpoint = split_system(system)
-    return (SYSTEMS[base][3] or "ours") + (f" @ {setpoint} SLA" if setpoint else "")
+    return (SYSTEMS[base][3] or ours) + (f" @ {setpoint} SLA" if setpoint else "")
 
 
 def plot(rows: list[dict], test: str, step_s: float) -> Path | None:
@@ -340,7 +341,7 @@ def print_tables(rows: list[dict], step_s: float) -> None:
                 if p
                 else " | ".join("-" * 5)
             )
-            shown = (name or f"ours ({DEFAULT_POLICY} + feedforward, deficit)") + (f" @ {setpoint} SLA" if setpoint else "")
+            shown = label(row["system"], ours=f"ours ({DEFAULT_POLICY} + feedforward, deficit)")
             bound = floor_or_work(row, duration_s)
             least = "-" if bound is None else f"{bound:.1f}" + (f" ({bound / rr_max['core_seconds']:.2f})" if rr_max else "")
             print(

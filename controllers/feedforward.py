@@ -93,7 +93,8 @@ from controllers.sla_measure import SlaMeasure
 # ours alone, seeds 1-3, docs/BENCHMARKS.md): at 0.9, 2-Apps b 0 / 1 / 0 violating one-second
 # windows on 24 / 24 / 24 core-seconds and AllApps 0 / 0 / 0 on 28 / 30 / 31; at 0.8, 2 / 1 / 0
 # on 27 / 26 / 24 and 0 / 0 / 1 on 31 / 33 / 33; at 1.0 (seeds 1-2), 1 / 3 on 26 / 24 and 0 / 0
-# on 31 / 29.
+# on 31 / 29 (runs with GPU batches of up to 8; with every request served alone, as ROMA's were,
+# 1.0 saved nothing consistent on AllApps either: 0.95-1.11x ROMA's core-seconds, 0.9 1.02-1.10x).
 FEEDFORWARD_SETPOINT = 0.9
 # Standard deviations of Poisson arrivals planned for above the measured rate.
 ARRIVAL_HEADROOM = 1.0
