@@ -51,8 +51,9 @@ clients see them, 1 s and 10 s windows by sending time whose mean response time 
 requests (either device) was over its SLA, beside the admin API's count (CPU-served requests
 only) and the requests over their SLA; core-seconds as the admin API reports them (enforced)
 and their ratio to ROMA's and RR+max's; the least core-seconds that could have served the run's
-CPU work (per model and 1 s period, the floor or the CPU time its executor used, whichever is
-more: every core busy every instant) and its ratio to RR+max's; requests served on GPU and CPU;
+CPU work (per model and 1 s period, the floor as its CFS quota enforced it, 0.1 core, or the CPU
+time its executor used, whichever is more: every core busy every instant) and its ratio to
+RR+max's; requests served on GPU and CPU;
 errors. One markdown table per test beside the paper's Table 2, the violating windows per
 rate step, and plots like Figure 2, docs/roma/eval-<test>.png (ours and ROMA: per model, mean
 response time per second against the SLA, and cores per control period). Raw results, with
@@ -95,9 +96,13 @@ from roma_cpu import (  # noqa: E402
 )
 from serving import median_ms  # noqa: E402
 
+from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
 
 RATE_SCALE = 2
+# The floor as the core-seconds count it: a CFS quota is at least 1 ms a period, so MIN_CORES
+# (0.05) is enforced as 0.1 core at the executors' 10 ms period (executors/limits.py).
+ENFORCED_FLOOR = quota_cores(MIN_CORES, CFS_PERIOD_US)
 H100_PROFILE = HERE / "profiles" / "h100.csv"
 # The H100 row whose speedup each stand-in takes: the nearest measured model of its family.
 H100_ROW = {"upconv_s": "upconv_l", "upconv_m": "upconv_l", "upconv_l": "upconv_l", "upconv_xl": "upconv_l"}
@@ -262,9 +267,10 @@ def run_system(
 
 def floor_or_work(row: dict, duration_s: float) -> float | None:
     """The core-seconds under which no controller could have served this run's CPU work (its
-    first ``duration_s``): per model and control period (1 s), the floor (MIN_CORES) or the CPU
-    time its executor used, whichever is more (cores busy every instant, no headroom for a
-    queue). None for a run whose history does not carry the CPU time (older results)."""
+    first ``duration_s``): per model and control period (1 s), the floor as enforced
+    (``ENFORCED_FLOOR``) or the CPU time its executor used, whichever is more (cores busy every
+    instant, no headroom for a queue). None for a run whose history does not carry the CPU time
+    (older results)."""
     periods = [
         h
         for record in row["per_model"].values()
@@ -273,7 +279,7 @@ def floor_or_work(row: dict, duration_s: float) -> float | None:
     ]
     if not periods or any("cpu_s" not in h for h in periods):
         return None
-    return sum(max(MIN_CORES, h["cpu_s"]) for h in periods)
+    return sum(max(ENFORCED_FLOOR, h["cpu_s"]) for h in periods)
 
 
 def label(system: str, ours: str = "ours") -> str:
