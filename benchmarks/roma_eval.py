@@ -53,12 +53,11 @@ only) and the requests over their SLA; core-seconds as the admin API reports the
 and their ratio to ROMA's and RR+max's; the least core-seconds that could have served the run's
 CPU work (per model and 1 s period, the floor as its CFS quota enforced it, 0.1 core, or the CPU
 time its executor used, whichever is more: every core busy every instant) and its ratio to
-RR+max's; requests served on GPU and CPU;
-errors. One markdown table per test beside the paper's Table 2, the violating windows per
-rate step, and plots like Figure 2, docs/roma/eval-<test>.png (ours and ROMA: per model, mean
-response time per second against the SLA, and cores per control period). Raw results, with
-every run's client samples and admin history, in benchmarks/work/roma_eval.json; ``--table``
-reprints from it.
+RR+max's; requests served on GPU and CPU; errors. One markdown table per test beside the
+paper's Table 2, the violating windows per rate step, and plots like Figure 2,
+docs/roma/eval-<test>.png (ours and ROMA: per model, mean response time per second against the
+SLA, and cores per control period). Raw results, with every run's client samples and admin
+history, in benchmarks/work/roma_eval.json; ``--table`` reprints from it.
 """
 
 from __future__ import annotations
