@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import requests
 from onnx import TensorProto, helper
 
@@ -197,6 +198,25 @@ def busy_model(path: Path, layers: int = 4, width: int = 64) -> Path:
     import make_models
 
     return save_model(make_models.upconv(np.random.default_rng(0), "busy", layers, width), path)
+
+
+def cpu_ms_per_request(path: Path, shape: Sequence[int] = (1, 1, 8, 8), requests: int = 100) -> float:
+    """One request's time on one core of this machine (ONNX Runtime, one thread, the median of
+    ``requests`` runs after a warm-up): tests whose load must leave a set share of a core idle
+    derive their rates from it, since the same model's time differs between machines of this
+    kind (the busy model: 11.3 ms on the AMD EPYC of 2026-11-25)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: np.full(tuple(shape), 0.5, dtype=np.float32)}
+    for _ in range(10):
+        session.run(None, feed)
+    times = []
+    for _ in range(requests):
+        began = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - began)
+    return float(np.median(times)) * 1000
 
 
 def busy_config(folder: Path, *, sla_ms: float, max_batch_size: int, cores: float, server: str = "", model: str = "") -> Path:
