@@ -261,6 +261,9 @@ class Engine:
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
         self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float, BatchTiming]] = {}
+        # Per GPU executor, up to when the live page has its busy time: a batch sent before the
+        # one ahead of it ended (the default's pipelining) counts only from that end on.
+        self._gpu_busy_shown: dict[str, float] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._cpu_seen: dict[str, tuple[int | None, float]] = {}
@@ -756,7 +759,7 @@ class Engine:
     # -- carrying out the core's actions -----------------------------------------------------
     def _has_batch(self, executor_id: str) -> bool:
         executor = self.core.executors.get(executor_id)
-        return executor is not None and executor.batch is not None
+        return executor is not None and executor.last is not None
 
     def _on_executor_change(self, executor_id: str) -> None:
         self._carry_out(self.core.set_executor_ready(executor_id, self.executors[executor_id].ready, self.now))
@@ -898,7 +901,9 @@ class Engine:
             if busy is not None:
                 ended = self.now
                 busy.batch_ended(executor.id, ended)
-                self.live.gpu_busy(executor.id, started, ended)
+                shown = max(started, self._gpu_busy_shown.get(executor.id, started))
+                self._gpu_busy_shown[executor.id] = ended
+                self.live.gpu_busy(executor.id, shown, ended)
 
     def _finish(self, action: Finish) -> None:
         batch = action.batch

@@ -55,7 +55,10 @@ class GpuClusterWindow:
         self._good: deque[float] = deque()  # end times of requests that met their SLO
         self._bad: deque[float] = deque()  # end times of requests that did not
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of batches that ended, in end order
-        self._running: dict[str, float] = {}  # GPU executor -> start of its batch in flight
+        # GPU executor -> (start of its busy time not yet counted, batches sent and not answered):
+        # a GPU whose next batch is sent before its batch in flight ends (the default policy's
+        # pipelining) stays busy from the first to the last answer.
+        self._running: dict[str, tuple[float, int]] = {}
 
     # -- events -----------------------------------------------------------------------------
     def request_ended(self, now: float, out_of_slo: bool) -> None:
@@ -63,12 +66,16 @@ class GpuClusterWindow:
         self._forget(now)
 
     def batch_started(self, gpu: str, now: float) -> None:
-        self._running[gpu] = now
+        started, sent = self._running.get(gpu, (now, 0))
+        self._running[gpu] = (started, sent + 1)
 
     def batch_ended(self, gpu: str, now: float) -> None:
-        started = self._running.pop(gpu, None)
-        if started is not None:
+        running = self._running.pop(gpu, None)
+        if running is not None:
+            started, sent = running
             self._busy.append((started, now))
+            if sent > 1:  # the next batch runs on: busy from now, counted at its answer
+                self._running[gpu] = (now, sent - 1)
         self._forget(now)
 
     # -- readings ---------------------------------------------------------------------------
@@ -83,7 +90,7 @@ class GpuClusterWindow:
         self._forget(now)
         since = now - self.period_s
         busy = sum(end - max(start, since) for start, end in self._busy)
-        return busy + sum(now - max(start, since) for start in self._running.values())
+        return busy + sum(now - max(start, since) for start, _ in self._running.values())
 
     def idle_fraction(self, now: float, gpus: int) -> float:
         """1 - busy GPU-time / (``gpus`` x the window's length); 1 with nothing to measure yet."""

@@ -22,6 +22,11 @@ a CPU executor takes from its queue only the requests that the GPUs' projected c
 finish in time, so that it never starves a batch the GPU defers on purpose. A request is refused
 only when no device, GPU or CPU, can finish it by its deadline, and only for models that ask for
 it (``drop_late``); the others are served late and counted as violations.
+
+When a GPU gets work: once it is free, and, for the policies that pipeline (the default), also
+a round trip before its batch in flight is expected to end, when no GPU is idle (``_pipeline``):
+the executor then holds one batch queued behind the running one, as Clockwork's workers hold
+the actions their controller sends ahead (Section 4.5).
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ class Batch:
     # A GPU batch of a model its GPU did not hold: LOADed first (and others UNLOADed), the load
     # time part of the batch's expected end (Clockwork Section 4; schedulers/gpu_memory.py).
     load: Load | None = None
+    # A GPU batch sent while the GPU's batch before it still ran (``_pipeline``): when that one
+    # was expected to end, and this one to begin. None: sent to an idle executor.
+    begins: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,9 +138,16 @@ class ExecutorState:
     model: str | None  # a CPU executor holds one model; a GPU executor holds them all
     ready: bool = False
     batch: Batch | None = None
+    queued: Batch | None = None  # a GPU's next batch, sent before ``batch`` ends (``_pipeline``)
+
+    @property
+    def last(self) -> Batch | None:
+        """The batch this executor will end last: the queued one, else the one running."""
+        return self.queued or self.batch
 
     def free_at(self, now: float) -> float:
-        return now if self.batch is None else max(now, self.batch.expected_end)
+        last = self.last
+        return now if last is None else max(now, last.expected_end)
 
 
 # The GPUs keep a request only if they can answer it within this share of its SLA; the CPU
@@ -141,6 +156,19 @@ class ExecutorState:
 # one-second window goes over it (ROMA's evaluation, docs/BENCHMARKS.md: 3 to 7 violating
 # windows in a test at 1.0 and 0.8, none at 0.7).
 SPILL_WITHIN = 0.7
+# A GPU executor answers a batch some time after its l(b): the batch's trip to the executor and
+# the answer's trip back (in `gateway serve` on the developers' 2-core machine, 0.65 ms a batch
+# in ROMA's evaluation, and 0.3 ms more before the next batch was sent: 9% of the GPU's time at
+# 10 ms a request). The policies that pipeline (schedulers/gpu.py, PIPELINING) send a GPU its
+# next batch this trip before its batch in flight is expected to end, so that the executor reads
+# it as soon as it is free. The trip is learned from the batches sent to an idle GPU: an average
+# with this weight, of the time from sending to the answer less l(b) as the executor measured it.
+ROUND_TRIP_WEIGHT = 0.05
+# Below this there is no trip to hide (the simulator without a dispatch delay: none at all), and
+# a GPU gets a batch only once it is free, as without pipelining.
+PIPELINE_MIN_S = 1e-4
+# A trip longer than this is a stall, not a round trip: a batch is never sent earlier.
+PIPELINE_MAX_S = 0.010
 
 
 class _OtherGpuQueue:
@@ -193,6 +221,13 @@ class DispatchCore:
         self._refusals: list[tuple[float, int, Request]] = []
         self._touched: dict[str, ModelState] = {}  # models whose queues changed since the last pump
         self._deferral_at = math.inf  # the GPU scheduler's WaitUntil
+        self._pipeline_at = math.inf  # the earliest a busy GPU is due its next batch (_pipeline)
+        # (expected end, batch id, GPU) of running batches with nothing queued behind them, and
+        # the GPUs whose next batch is due (a round trip before that end) and not yet decided.
+        self._pipeline_ends: list[tuple[float, int, ExecutorState]] = []
+        self._pipeline_due: dict[str, ExecutorState] = {}
+        self.gpu_round_trip_s = 0.0  # learned from batches sent to an idle GPU (ROUND_TRIP_WEIGHT)
+        self._trips_seen = 0
         self._cpu_hold_at = math.inf  # the earliest a CPU batch held for its planned size is due
         self._wake_asked = math.inf  # the earliest WakeAt handed out and not yet fired
         self._batch_ids = itertools.count(1)
@@ -251,7 +286,9 @@ class DispatchCore:
     def busy(self, model: str) -> bool:
         """Requests of the model are queued, or a batch of it runs."""
         state = self.models[model]
-        return bool(state.queue) or any(e.batch is not None and e.batch.model == model for e in self.executors.values())
+        return bool(state.queue) or any(
+            b is not None and b.model == model for e in self.executors.values() for b in (e.batch, e.queued)
+        )
 
     def add_executor(self, executor_id: str, device: str, model: str | None = None) -> None:
         """A CPU executor of ``model``, or (``device`` "gpu", no model) a GPU executor of every model."""
@@ -355,11 +392,17 @@ class DispatchCore:
 
     def on_batch_done(self, batch: Batch, compute_ms: float, now: float) -> list[Action]:
         """``batch`` ran in ``compute_ms`` on its executor: its live requests are answered, the profile learns."""
-        self._release(batch)
+        self._release(batch, now)
         state = self.models[batch.model]
         gpu_model = state.on_gpus
         if batch.device == GPU and gpu_model:
             self.gpu_scheduler.on_batch_done(batch.model, batch.rows, compute_ms)
+            if batch.begins is None:  # sent to an idle GPU: all but l(b) (and a load) was the trip
+                load_s = batch.load.load_ms / 1000 if batch.load is not None else 0.0
+                trip_s = min(PIPELINE_MAX_S, max(0.0, now - batch.started - compute_ms / 1000 - load_s))
+                weight = ROUND_TRIP_WEIGHT if self._trips_seen else 1.0  # the first answer sets it
+                self.gpu_round_trip_s += weight * (trip_s - self.gpu_round_trip_s)
+                self._trips_seen += 1
         elif batch.device == CPU and state.cpu_profile is not None:
             state.cpu_profile.observe(batch.rows, compute_ms)
         live = self._end(batch.requests)
@@ -371,10 +414,11 @@ class DispatchCore:
         """The executor refused ``batch``: it reached it after its ``latest_start`` (Clockwork's
         late action, Section 4.4). Nothing ran; the live requests go back to their queue in
         arrival order, to be rescheduled, or refused at once if no device can finish them now."""
-        self._release(batch)
+        self._release(batch, now)
         state = self.models[batch.model]
         if state.on_gpus:
-            self.gpu_scheduler.on_late(batch.started, now)
+            # A batch queued behind another was on its way only from when that one was to end.
+            self.gpu_scheduler.on_late(batch.started if batch.begins is None else batch.begins, now)
         returned = [r for r in batch.requests if r.state != ENDED]
         for request in returned:
             request.state, request.dispatched = QUEUED, None
@@ -388,7 +432,7 @@ class DispatchCore:
         return self._pump(now, refusal_reason=(state.name, reason))
 
     def on_batch_failed(self, batch: Batch, now: float, status: int, outcome: str, message: str) -> list[Action]:
-        self._release(batch)
+        self._release(batch, now)
         live = self._end(batch.requests)
         return ([Fail(live, status, outcome, message)] if live else []) + self._pump(now)
 
@@ -470,11 +514,14 @@ class DispatchCore:
             self._pump_gpus(now, actions)
         else:
             self._deferral_at = math.inf  # a batch end will ask again
+        self._pipeline_at = math.inf
+        if not self._idle_gpus and self._pipelining():  # an idle GPU takes the next batch itself
+            self._pipeline(now, actions)
         if self._cpu_models:
             self._pump_cpus(now, actions)
         if self._touched:
             self._watch_heads()
-        wake = self._deferral_at if self._deferral_at < self._cpu_hold_at else self._cpu_hold_at
+        wake = min(self._deferral_at, self._cpu_hold_at, self._pipeline_at)
         asked = self._wake_asked
         # A heap's top as it stands is never later than its first live entry: only where it is
         # earlier than both the wake-up so far and the one asked already are its ended entries
@@ -546,8 +593,14 @@ class DispatchCore:
 
     def _gpu_changed(self, gpu: ExecutorState) -> None:
         """A GPU executor started or ended a batch, or came up or went down."""
-        if gpu.batch is not None:
-            heapq.heappush(self._gpu_ends, (gpu.batch.expected_end, gpu.batch.id, gpu))
+        last = gpu.last
+        if last is not None:
+            heapq.heappush(self._gpu_ends, (last.expected_end, last.id, gpu))
+        if gpu.ready and gpu.batch is not None and gpu.queued is None:
+            if self._pipelining():
+                heapq.heappush(self._pipeline_ends, (gpu.batch.expected_end, gpu.batch.id, gpu))
+        else:
+            self._pipeline_due.pop(gpu.id, None)
         if gpu.ready and gpu.batch is None:
             self._idle_gpus[gpu.id] = gpu
         else:
@@ -561,7 +614,7 @@ class DispatchCore:
         # Entries of batches that ended, or of GPUs gone down, are dropped as they come to the top.
         while ends:
             end, batch_id, gpu = ends[0]
-            batch = gpu.batch
+            batch = gpu.last
             if gpu.ready and batch is not None and batch.id == batch_id:
                 if batch.expected_end == end:
                     return max(now, end)
@@ -647,6 +700,46 @@ class DispatchCore:
                 self._start(gpu, state, self._take(state, decision), now, actions)
             else:
                 self._start_cached(gpu, state, self._take(state, decision), now, actions)
+            self._queue_changed(state, now)
+
+    def _pipelining(self) -> bool:
+        """Whether GPUs get their next batch before they are free: the policy pipelines, and
+        there is a round trip to hide."""
+        return (
+            self.gpu_round_trip_s >= PIPELINE_MIN_S
+            and self.gpu_scheduler is not None
+            and self.gpu_scheduler.pipelines
+            and self.gpu_memory is None
+        )
+
+    def _pipeline(self, now: float, actions: list[Action]) -> None:
+        """Send each busy GPU its next batch a round trip before its batch in flight is expected to
+        end (the policies in PIPELINING): the executor reads it the moment it is free, where a batch
+        sent only once the answer is back would leave the GPU idle for the trip (ROUND_TRIP_WEIGHT).
+        The GPU scheduler decides as for a GPU free at that end, so a deferred batch still waits
+        for its time; one batch is queued at most, and an executor that begins it after its latest
+        start refuses it (Clockwork's late action). Not where GPUs hold only some models."""
+        assert self.gpu_scheduler is not None
+        lead_s = self.gpu_round_trip_s
+        ends, due = self._pipeline_ends, self._pipeline_due
+        while ends and ends[0][0] - lead_s <= now + EPSILON_S:
+            end, batch_id, gpu = heapq.heappop(ends)
+            running = gpu.batch
+            if gpu.ready and gpu.queued is None and running is not None and (running.id, running.expected_end) == (batch_id, end):
+                due[gpu.id] = gpu
+        if ends:
+            self._pipeline_at = ends[0][0] - lead_s  # an entry of an ended batch only wakes the core early
+        for gpu in list(due.values()):
+            running = gpu.batch
+            assert running is not None and gpu.queued is None  # _gpu_changed keeps it so
+            decision = self.gpu_scheduler.decide(now, gpu.id, running.expected_end)
+            if decision is None:
+                return
+            if isinstance(decision, WaitUntil):
+                self._deferral_at = min(self._deferral_at, decision.time)
+                return
+            state = self.models[decision.model]
+            self._start(gpu, state, self._take(state, decision), now, actions, begins=running.expected_end)
             self._queue_changed(state, now)
 
     def _start_cached(
@@ -786,7 +879,10 @@ class DispatchCore:
         now: float,
         actions: list[Action],
         load: Load | None = None,
+        begins: float | None = None,
     ) -> None:
+        """Start ``requests`` as a batch on ``executor``; ``begins``: queued behind the GPU's batch
+        in flight, expected to end then (``_pipeline``)."""
         rows = sum([r.rows for r in requests])
         on_gpu = executor.device == GPU
         profile = state.gpu_profile if on_gpu else state.cpu_profile
@@ -803,9 +899,10 @@ class DispatchCore:
             tuple(requests),
             rows,
             now,
-            now + load_s + duration_s,
+            (now if begins is None else begins) + load_s + duration_s,
             latest,
             load,
+            begins,
         )
         if self.gpu_memory is not None and on_gpu:
             if load is not None:
@@ -813,17 +910,29 @@ class DispatchCore:
             self.gpu_memory.used(executor.id, state.name)
         for request in requests:
             request.state, request.dispatched = RUNNING, now
-        executor.batch = batch
+        if begins is None:
+            executor.batch = batch
+        else:
+            executor.queued = batch
         if on_gpu:
             self._gpu_changed(executor)
         actions.append(Start(batch))
 
-    def _release(self, batch: Batch) -> None:
+    def _release(self, batch: Batch, now: float) -> None:
         executor = self.executors[batch.executor]
         if executor.batch is batch:
-            executor.batch = None
-            if executor.device == GPU:
-                self._gpu_changed(executor)
+            # The executor goes on to its queued batch as soon as it has answered this one.
+            executor.batch, executor.queued = executor.queued, None
+            following = executor.batch
+            if following is not None and following.begins is not None:
+                following.expected_end += now - following.begins
+                following.begins = now
+        elif executor.queued is batch:
+            executor.queued = None
+        else:
+            return
+        if executor.device == GPU:
+            self._gpu_changed(executor)
 
     @staticmethod
     def _end(requests: Iterable[Request]) -> tuple[Request, ...]:

@@ -10,7 +10,8 @@ Policies, chosen in the config so that they can be compared side by side (``gate
   is due a millisecond before its sched_at (``DUE_MARGIN_S``). Among the schedulable, models
   whose recent bad rate runs more than a gap over the overall one go first (the fairness bound,
   schedulers/fairness.py), then the candidate with the earliest latest start (invalid_after:
-  Clockwork's order, Section 5.3).
+  Clockwork's order, Section 5.3). Where the GPU executors answer after a round trip, a busy
+  GPU gets its next batch that trip before its batch in flight ends (``PIPELINING``).
   Under overload the candidate drops a head that would shrink the batch (``early_drop``): only
   where the batch gains more requests than it leaves out; and once the bad rate over all models
   has stayed high for a while (a sustained overload, which sheds requests whatever the choice:
@@ -52,6 +53,12 @@ DEFAULT_POLICY = "fair_deferral"
 DEFERRING = ("fair_deferral", "deferral")
 # Policies that use our early drop (schedulers/candidate.py); the papers' baselines do not.
 DROPPING_EARLY = ("fair_deferral",)
+# Policies whose GPUs get their next batch a round trip before the batch in flight ends
+# (schedulers/dispatch.py, ``_pipeline``), as Clockwork's controller sends a worker actions
+# ahead of the time it predicts the worker free (Section 4.5, "Modeling worker performance").
+# The baselines hand a batch only to a free GPU, as the engine they are measured in always did
+# (ROMA's freeGPU, Algorithm 1, "is executed as soon as a GPU becomes free", Section 3).
+PIPELINING = ("fair_deferral",)
 # The order in which a free GPU takes the schedulable candidates, where it is one of their times.
 # edf is Clockwork's (Section 5.3): strategies ordered by latest = the head's deadline less the
 # batch's execution time, which is the candidate's invalid_after.
@@ -136,6 +143,7 @@ class GpuScheduler:
         self.models: dict[str, GpuModel] = {}
         self._defer = policy in DEFERRING
         self._drop_early = policy in DROPPING_EARLY
+        self.pipelines = policy in PIPELINING
         self._due_margin = DUE_MARGIN_S if policy == "fair_deferral" else 0.0
         self.fairness = BadRateTracker()
         self._ready: dict[str, Candidate] = {}  # schedulable candidates

@@ -207,6 +207,7 @@ class Simulation:
         self.gpu_dispatch_ms = gpu_dispatch_ms
         self._dispatch_rng = random.Random(f"gpu-dispatch-{seed}")
         self.late_actions = 0  # GPU batches refused by their executor for reaching it too late
+        self._gpu_busy_until: dict[str, float] = {}  # GPU executor -> end of the batch it runs
         self.decided = 0  # arrivals the core has seen
 
     def _push(self, at: float, kind: str, payload: Any) -> None:
@@ -233,6 +234,8 @@ class Simulation:
                 if batch.device == GPU and self.gpu_dispatch_ms > 0:
                     delay_s = self._dispatch_rng.expovariate(1000 / self.gpu_dispatch_ms)
                     self._push(now + delay_s, "received", batch)
+                elif batch.device == GPU and self._gpu_busy_until.get(batch.executor, now) > now:
+                    self._push(self._gpu_busy_until[batch.executor], "received", batch)  # queued behind its batch
                 else:
                     self._execute(batch, now)
             elif isinstance(action, Finish):
@@ -255,13 +258,20 @@ class Simulation:
         if batch.device == GPU:
             duration_ms = linear_ms(model.gpu, batch.rows)
             self.gpu_busy_s += duration_ms / 1000
+            self._gpu_busy_until[batch.executor] = now + duration_ms / 1000
             self.batch_rows.append(batch.rows)
         else:
             duration_ms = linear_ms(model.cpu, batch.rows, model.cpu_cores)
         self._push(now + duration_ms / 1000, "done", (batch, duration_ms))
 
     def _receive(self, batch: Batch, now: float) -> list[Action]:
-        """A GPU executor receives ``batch`` after the dispatch delay: it runs it, or refuses it late."""
+        """A GPU executor receives ``batch`` after the dispatch delay: it runs it, or refuses it late.
+        One sent while the executor's batch before it runs (pipelined) waits for that one to end,
+        and is looked at then."""
+        busy_until = self._gpu_busy_until.get(batch.executor, now)
+        if busy_until > now:
+            self._push(busy_until, "received", batch)
+            return []
         if now > batch.latest_start + EPSILON_S:
             self.late_actions += 1
             return self._call(self.core.on_batch_late, batch, now)

@@ -1,0 +1,165 @@
+"""A GPU's next batch sent a round trip before its batch in flight ends (the default policy only).
+
+The dispatch core on a fake clock: it learns the executor's round trip from the answers of
+batches sent to an idle GPU, queues one batch behind the running one at that lead, lets the
+executor refuse it late, and leaves the papers' baselines and a trip-free simulation as they
+were. Then the GPU busy time that /metrics reads, and the simulator's executor, which runs a
+queued batch only after the one before it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.gpu_cluster import GpuClusterWindow
+from gateway.tools.simulate import SimModel, Simulation
+from schedulers.dispatch import GPU, Batch, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.gpu import DEFAULT_POLICY, GpuScheduler
+from schedulers.profiles import LatencyProfile
+from schedulers.request import Request
+from schedulers.round_robin import RandomRoundRobin
+
+L_MS = 10.0  # every batch of one request takes 10 ms on the GPU
+TRIP_S = 0.0015  # and its answer comes 1.5 ms after that
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def gpu_core(policy: str = DEFAULT_POLICY) -> DispatchCore:
+    """One GPU executor, one model served on it alone, a request at a time, SLA 100 ms."""
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)), gpu_scheduler=GpuScheduler(policy))
+    core.add_executor("gpu-0", GPU)
+    core.add_model("m", sla_ms=100, max_batch=1, max_queue_size=100, drop_late=True, gpu_profile=LatencyProfile(L_MS, 0.0))
+    core.set_executor_ready("gpu-0", True, 0.0)
+    return core
+
+
+def started(actions) -> Batch:
+    (start,) = of(actions, Start)
+    return start.batch
+
+
+def learn_the_trip(core: DispatchCore) -> float:
+    """One request served on the idle GPU, its answer TRIP_S after l(b): returns the time then."""
+    first = started(core.on_arrival(Request(1, "m", 0.0), 0.0))
+    assert first.begins is None
+    done_at = L_MS / 1000 + TRIP_S
+    core.on_batch_done(first, L_MS, done_at)
+    return done_at
+
+
+def test_the_round_trip_is_learned_from_a_batch_sent_to_an_idle_gpu():
+    core = gpu_core()
+    assert core.gpu_round_trip_s == 0.0
+    learn_the_trip(core)
+    assert core.gpu_round_trip_s == pytest.approx(TRIP_S)
+
+
+def test_a_busy_gpu_gets_its_next_batch_a_round_trip_before_its_batch_ends():
+    core = gpu_core()
+    now = learn_the_trip(core)
+    sent = core.on_arrival(Request(2, "m", now), now)
+    running = started(sent)
+    assert running.expected_end == pytest.approx(now + L_MS / 1000)
+
+    # A request behind it is not sent at once; a wake-up a round trip before the end was asked for.
+    actions = core.on_arrival(Request(3, "m", now + 0.001), now + 0.001)
+    assert not of(actions, Start)
+    due = running.expected_end - TRIP_S
+    assert min(w.time for w in of(sent + actions, WakeAt)) == pytest.approx(due)
+
+    queued = started(core.on_timer(due))
+    assert queued.begins == pytest.approx(running.expected_end)
+    assert queued.expected_end == pytest.approx(running.expected_end + L_MS / 1000)
+    assert queued.latest_start == pytest.approx(queued.requests[0].deadline - L_MS / 1000)
+    assert core.executors["gpu-0"].queued is queued
+
+    # The running batch's answer comes 1 ms late: the queued one began then, and is not sent again.
+    answered = running.expected_end + 0.001
+    actions = core.on_batch_done(running, L_MS, answered)
+    assert of(actions, Finish) and not of(actions, Start)
+    gpu = core.executors["gpu-0"]
+    assert gpu.batch is queued and gpu.queued is None
+    assert queued.expected_end == pytest.approx(answered + L_MS / 1000)
+    assert gpu.free_at(answered) == pytest.approx(queued.expected_end)
+
+
+@pytest.mark.parametrize("policy", ["roma", "edf", "work_conserving", "deferral", "round_robin"])
+def test_the_papers_baselines_hand_a_batch_only_to_a_free_gpu(policy):
+    core = gpu_core(policy)
+    now = learn_the_trip(core)
+    running = started(core.on_arrival(Request(2, "m", now), now))
+    actions = core.on_arrival(Request(3, "m", now + 0.001), now + 0.001)
+    assert not of(actions, Start)
+    actions = core.on_timer(running.expected_end - TRIP_S)
+    assert not of(actions, Start)
+    assert started(core.on_batch_done(running, L_MS, running.expected_end + TRIP_S)).begins is None
+
+
+def test_without_a_round_trip_a_gpu_gets_its_next_batch_once_free():
+    """The simulator without a dispatch delay answers exactly at l(b): nothing changes there."""
+    core = gpu_core()
+    first = started(core.on_arrival(Request(1, "m", 0.0), 0.0))
+    core.on_batch_done(first, L_MS, L_MS / 1000)
+    assert core.gpu_round_trip_s < 1e-4
+    running = started(core.on_arrival(Request(2, "m", 0.02), 0.02))
+    actions = core.on_arrival(Request(3, "m", 0.021), 0.021)
+    assert not of(actions, Start)
+    assert all(w.time > running.expected_end for w in of(actions, WakeAt))
+    assert started(core.on_batch_done(running, L_MS, running.expected_end)).begins is None
+
+
+def test_a_queued_batch_refused_late_is_refused_with_the_reason_and_the_running_one_is_kept():
+    core = gpu_core()
+    now = learn_the_trip(core)
+    running = started(core.on_arrival(Request(2, "m", now), now))
+    late_one = Request(3, "m", now + 0.001)
+    core.on_arrival(late_one, now + 0.001)
+    queued = started(core.on_timer(running.expected_end - TRIP_S))
+
+    # The executor read it after its latest start (the batch before it hung): it comes back.
+    refused_at = queued.latest_start + 0.001
+    actions = core.on_batch_late(queued, refused_at)
+    gpu = core.executors["gpu-0"]
+    assert gpu.batch is running and gpu.queued is None
+    # Past its latest start no device can finish it: refused, with the reason, not lost.
+    (refusal,) = of(actions, Fail)
+    assert refusal.requests == (late_one,) and refusal.outcome == "refused_deadline"
+    assert "after its latest start time" in refusal.message
+    assert core.queue_length("m") == 0 and not of(actions, Start)
+
+
+def test_the_gpu_busy_time_counts_a_pipelined_gpu_as_busy_from_first_send_to_last_answer():
+    window = GpuClusterWindow(opened_at=0.0, period_s=10.0)
+    window.batch_started("gpu-0", 1.0)
+    window.batch_started("gpu-0", 1.009)  # the next batch, sent before the first's answer
+    window.batch_ended("gpu-0", 1.010)
+    assert window.busy_s(1.015) == pytest.approx(0.015)  # the second runs on
+    window.batch_ended("gpu-0", 1.020)
+    assert window.busy_s(1.030) == pytest.approx(0.020)
+
+
+def test_the_simulated_executor_runs_a_queued_batch_after_the_one_before_it():
+    """With a dispatch delay the default pipelines; every GPU still runs one batch at a time."""
+    model = SimModel("m", sla_ms=200, gpu=(L_MS, 0.0), max_batch=1, drop_late=True)
+    simulation = Simulation([model], gpus=1, policy=DEFAULT_POLICY, gpu_dispatch_ms=1.0, seed=3)
+    runs: list[tuple[float, float]] = []
+    execute = simulation._execute
+
+    def record(batch, now):
+        if batch.device == GPU:
+            runs.append((now, now + L_MS * batch.rows / 1000))
+        execute(batch, now)
+
+    simulation._execute = record
+    arrivals = [(i * 0.009, "m") for i in range(300)]  # more than the GPU's 100 requests a second
+    simulation.run(arrivals, duration_s=3.0)
+    assert simulation.core.gpu_round_trip_s > 1e-4
+    gaps = [start - previous_end for (_, previous_end), (start, _) in zip(runs, runs[1:], strict=False)]
+    assert min(gaps) > -1e-9  # never two batches at once on the GPU
+    # Back to back, where without the pipeline each batch would begin a dispatch delay after the last.
+    assert sum(gap < 1e-9 for gap in gaps) > 0.5 * len(gaps)
