@@ -26,6 +26,12 @@ Scaling to this machine (the rules of benchmarks/roma_cpu.py, plus the GPU):
   each SLA is the paper's divided by 10 (the stand-ins take about a tenth of the paper's CPU
   time, so an SLA stays a similar multiple of a request's CPU time);
 - rates are the paper's times RATE_SCALE = 2;
+- on a machine where the stand-ins take k times their time on the machine these scales were
+  set on (REFERENCE_CPU_MS; k measured at the start, ``--time-scale`` to set it), the whole
+  experiment runs k times slower: every SLA k times longer and every rate k times lower, so
+  that each model's demand in cores and its SLA in service times are as designed (at k = 1.8,
+  AllApps' peak step asked for 2.0 cores' worth of CPU time unscaled, more than the node's 1.5,
+  and every system ran at its ceiling);
 - the emulated GPU's time for a request of each model comes from a real GPU's profile,
   benchmarks/profiles/h100.csv (b1_ms: one request on an H100). Only upconv_l of the four
   stand-ins is in it, so every stand-in takes upconv_l's speedup, its CPU time on one core
@@ -99,6 +105,12 @@ from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
 
 RATE_SCALE = 2
+# One request of each stand-in on one core of the machine these scales were set on (2026-11-23,
+# docs/BENCHMARKS.md: "ROMA's CPU experiment"). On a machine where they take k times as long
+# the whole experiment runs k times slower (``time_scale``): every SLA k times longer, every
+# rate k times lower, so that each model's demand in cores, its SLA in service times and the
+# GPU's overload stay what they were (the emulated GPU's times scale with the CPU's already).
+REFERENCE_CPU_MS = {"upconv_s": 2.7, "upconv_m": 4.9, "upconv_l": 7.0, "upconv_xl": 8.9}
 # The floor as the core-seconds count it: a CFS quota is at least 1 ms a period, so MIN_CORES
 # (0.05) is enforced as 0.1 core at the executors' 10 ms period (executors/limits.py).
 ENFORCED_FLOOR = quota_cores(MIN_CORES, CFS_PERIOD_US)
@@ -168,12 +180,30 @@ def peak_load(apps: list[dict], ms: dict[str, float]) -> float:
     )
 
 
-def gpu_profile(tests: dict[str, list[dict]]) -> dict:
+def machine_time_scale(cpu_ms: dict[str, float]) -> float:
+    """How many times as long the stand-ins take here as on the reference machine
+    (REFERENCE_CPU_MS): their single-request CPU times summed, over the reference's."""
+    return sum(cpu_ms[model] for model in REFERENCE_CPU_MS) / sum(REFERENCE_CPU_MS.values())
+
+
+def scaled_tests(tests: dict[str, list[dict]], time_scale: float) -> dict[str, list[dict]]:
+    """The tests as this run drives them: rates RATE_SCALE times the paper's, and the whole
+    experiment ``time_scale`` times slower (SLAs longer, rates lower by that factor)."""
+    return {
+        test: [
+            {**app, "sla_ms": app["sla_ms"] * time_scale, "rates": [rate * RATE_SCALE / time_scale for rate in app["rates"]]}
+            for app in apps
+        ]
+        for test, apps in tests.items()
+    }
+
+
+def gpu_profile(tests: dict[str, list[dict]], cpu_ms: dict[str, float]) -> dict:
     """The emulated GPU's ms a request per model (see the module docstring), and how it was
-    reached. ``tests`` carry the rates this run drives (RATE_SCALE applied)."""
+    reached. ``tests`` carry the rates this run drives (``scaled_tests``); ``cpu_ms``: each
+    stand-in's single-request time on one core, measured at the start of the run."""
     with open(H100_PROFILE) as handle:
         h100_b1 = {row["model"]: float(row["b1_ms"]) for row in csv.DictReader(handle)}
-    cpu_ms = {model: cpu_time_ms(model) for model in STAND_INS.values()}
     speedup = {model: cpu_ms[row] / h100_b1[row] for model, row in H100_ROW.items()}
     h100_ms = {model: cpu_ms[model] / speedup[model] for model in cpu_ms}
     # one factor for every model: the lightest test's peak needs GPU_OVERLOAD x the GPU's 1000 ms a second
@@ -368,6 +398,11 @@ def main() -> int:
     parser.add_argument("--gpu", choices=["emulated", "cuda"], default="emulated")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="each model's max_batch_size (ROMA: 1)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        help="run the experiment this many times slower (default: the stand-ins' CPU time here over REFERENCE_CPU_MS)",
+    )
     parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
     args = parser.parse_args()
     out_path = WORK / "roma_eval.json"
@@ -380,11 +415,13 @@ def main() -> int:
         if args.max_batch < 1:
             raise SystemExit(f"--max-batch must be at least 1, not {args.max_batch}")
         WORK.mkdir(exist_ok=True)
-        tests = load_tests()
-        for apps in tests.values():
-            for app in apps:
-                app["rates"] = [rate * RATE_SCALE for rate in app["rates"]]
-        gpu = gpu_profile(tests)
+        cpu_ms = {model: cpu_time_ms(model) for model in STAND_INS.values()}
+        time_scale = args.time_scale if args.time_scale is not None else machine_time_scale(cpu_ms)
+        if time_scale <= 0:
+            raise SystemExit(f"--time-scale must be positive, not {time_scale}")
+        tests = scaled_tests(load_tests(), time_scale)
+        gpu = gpu_profile(tests, cpu_ms)
+        print(f"time scale: {time_scale:.2f} (every SLA x {time_scale:.2f}, every rate / {time_scale:.2f})")
         print_gpu(gpu)
         print(f"every model's max_batch_size: {args.max_batch}")
         profile = WORK / "roma_eval_gpu.csv"
@@ -393,6 +430,7 @@ def main() -> int:
             "gpu": gpu,
             "gpu_overload": GPU_OVERLOAD,
             "rate_scale": RATE_SCALE,
+            "time_scale": time_scale,
             "step_s": args.step_s,
             "max_batch": args.max_batch,
             "rows": [],
@@ -412,6 +450,7 @@ def main() -> int:
     if isinstance(saved, list):  # an older file: the rows only
         saved = {"rows": saved}
     elif "gpu" in saved and args.table:
+        print(f"time scale: {saved.get('time_scale', 1.0):.2f}")  # 1 in the runs before the option
         print_gpu(saved["gpu"])
         print(f"every model's max_batch_size: {saved.get('max_batch', 8)}")  # 8 in the runs before the option
     rows = saved["rows"]

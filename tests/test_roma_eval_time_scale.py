@@ -1,0 +1,40 @@
+"""benchmarks/roma_eval.py on a slower or faster machine: the experiment runs slower or faster
+as a whole, so each model's demand in cores and its SLA in service times are as designed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from roma_cpu import STAND_INS, load_tests  # noqa: E402
+from roma_eval import RATE_SCALE, REFERENCE_CPU_MS, gpu_profile, machine_time_scale, scaled_tests  # noqa: E402
+
+
+def test_the_time_scale_is_the_stand_ins_cpu_time_here_over_the_reference():
+    assert machine_time_scale(REFERENCE_CPU_MS) == pytest.approx(1.0)
+    assert machine_time_scale({m: 1.8 * ms for m, ms in REFERENCE_CPU_MS.items()}) == pytest.approx(1.8)
+
+
+@pytest.mark.parametrize("time_scale", [0.7, 1.8])
+def test_a_scaled_run_asks_for_the_same_cores_and_gives_the_same_slas_in_service_times(time_scale):
+    paper = load_tests()
+    here = scaled_tests(paper, time_scale)
+    slower = {m: time_scale * ms for m, ms in REFERENCE_CPU_MS.items()}
+    for test, apps in paper.items():
+        for designed, run in zip(apps, here[test], strict=True):
+            model = STAND_INS[designed["app"]]
+            # Cores of CPU time asked at each step: as at RATE_SCALE on the reference machine.
+            assert [r * slower[model] for r in run["rates"]] == pytest.approx(
+                [r * RATE_SCALE * REFERENCE_CPU_MS[model] for r in designed["rates"]]
+            )
+            # The SLA in requests' CPU times: as on the reference machine.
+            assert run["sla_ms"] / slower[model] == pytest.approx(designed["sla_ms"] / REFERENCE_CPU_MS[model])
+    # The emulated GPU slows with the CPU: its overload at each test's peak step is unchanged.
+    reference = gpu_profile(scaled_tests(paper, 1.0), dict(REFERENCE_CPU_MS))
+    scaled = gpu_profile(here, slower)
+    assert scaled["peak_gpu_load"] == pytest.approx(reference["peak_gpu_load"])
+    assert scaled["gpu_ms"]["upconv_xl"] == pytest.approx(time_scale * reference["gpu_ms"]["upconv_xl"])
