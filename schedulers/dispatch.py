@@ -24,9 +24,9 @@ only when no device, GPU or CPU, can finish it by its deadline, and only for mod
 it (``drop_late``); the others are served late and counted as violations.
 
 When a GPU gets work: once it is free, and, for the policies that pipeline (the default), also
-a round trip before its batch in flight is expected to end, when no GPU is idle (``_pipeline``):
-the executor then holds one batch queued behind the running one, as Clockwork's workers hold
-the actions their controller sends ahead (Section 4.5).
+a round trip before its batch in flight is expected to end, when no GPU is idle and the batch
+chosen is full (``_pipeline``): the executor then holds one batch queued behind the running
+one, as Clockwork's workers hold the actions their controller sends ahead (Section 4.5).
 """
 
 from __future__ import annotations
@@ -718,7 +718,11 @@ class DispatchCore:
         sent only once the answer is back would leave the GPU idle for the trip (ROUND_TRIP_WEIGHT).
         The GPU scheduler decides as for a GPU free at that end, so a deferred batch still waits
         for its time; one batch is queued at most, and an executor that begins it after its latest
-        start refuses it (Clockwork's late action). Not where GPUs hold only some models."""
+        start refuses it (Clockwork's late action). Only a batch at its model's max_batch is sent
+        ahead: a smaller one could still grow during the trip (in the simulator with a 2 ms mean
+        dispatch delay, sending every batch ahead shrank them from 2.16 to 1.87 requests and
+        raised the worst model's bad rate from 0.005 to 0.035; docs/BENCHMARKS.md). Not where
+        GPUs hold only some models."""
         assert self.gpu_scheduler is not None
         lead_s = self.gpu_round_trip_s
         ends, due = self._pipeline_ends, self._pipeline_due
@@ -739,6 +743,13 @@ class DispatchCore:
                 self._deferral_at = min(self._deferral_at, decision.time)
                 return
             state = self.models[decision.model]
+            if sum(r.rows for r in decision.requests) < state.max_batch:
+                # It could still grow by the end: this GPU takes its next batch once free, as
+                # without pipelining (the candidate is formed anew). Only a full batch loses
+                # nothing by being chosen a trip early.
+                self.gpu_scheduler.on_queue_changed(decision.model, now)
+                del due[gpu.id]
+                continue
             self._start(gpu, state, self._take(state, decision), now, actions, begins=running.expected_end)
             self._queue_changed(state, now)
 

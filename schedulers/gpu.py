@@ -11,7 +11,7 @@ Policies, chosen in the config so that they can be compared side by side (``gate
   whose recent bad rate runs more than a gap over the overall one go first (the fairness bound,
   schedulers/fairness.py), then the candidate with the earliest latest start (invalid_after:
   Clockwork's order, Section 5.3). Where the GPU executors answer after a round trip, a busy
-  GPU gets its next batch that trip before its batch in flight ends (``PIPELINING``).
+  GPU gets its next batch, if full, that trip before its batch in flight ends (``PIPELINING``).
   Under overload the candidate drops a head that would shrink the batch (``early_drop``): only
   where the batch gains more requests than it leaves out; and once the bad rate over all models
   has stayed high for a while (a sustained overload, which sheds requests whatever the choice:

@@ -29,11 +29,13 @@ def of(actions, kind):
     return [a for a in actions if isinstance(a, kind)]
 
 
-def gpu_core(policy: str = DEFAULT_POLICY) -> DispatchCore:
-    """One GPU executor, one model served on it alone, a request at a time, SLA 100 ms."""
+def gpu_core(policy: str = DEFAULT_POLICY, max_batch: int = 1) -> DispatchCore:
+    """One GPU executor, one model served on it alone, ``max_batch`` requests at a time, SLA 100 ms."""
     core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)), gpu_scheduler=GpuScheduler(policy))
     core.add_executor("gpu-0", GPU)
-    core.add_model("m", sla_ms=100, max_batch=1, max_queue_size=100, drop_late=True, gpu_profile=LatencyProfile(L_MS, 0.0))
+    core.add_model(
+        "m", sla_ms=100, max_batch=max_batch, max_queue_size=100, drop_late=True, gpu_profile=LatencyProfile(L_MS, 0.0)
+    )
     core.set_executor_ready("gpu-0", True, 0.0)
     return core
 
@@ -98,6 +100,22 @@ def test_the_papers_baselines_hand_a_batch_only_to_a_free_gpu(policy):
     actions = core.on_timer(running.expected_end - TRIP_S)
     assert not of(actions, Start)
     assert started(core.on_batch_done(running, L_MS, running.expected_end + TRIP_S)).begins is None
+
+
+def test_a_batch_that_could_still_grow_waits_for_the_gpu_to_be_free():
+    """Chosen a trip early, a batch short of its model's max_batch would leave out what arrives
+    in that trip: the GPU takes it once free, with what arrived meanwhile."""
+    core = gpu_core(max_batch=4)
+    now = learn_the_trip(core)
+    running = started(core.on_arrival(Request(2, "m", now), now))
+    core.on_arrival(Request(3, "m", now + 0.001), now + 0.001)
+    assert not of(core.on_timer(running.expected_end - TRIP_S), Start)
+    late_comer = Request(4, "m", running.expected_end - 0.0005)  # within the trip
+    assert not of(core.on_arrival(late_comer, late_comer.arrival), Start)
+
+    following = started(core.on_batch_done(running, L_MS, running.expected_end + TRIP_S))
+    assert following.begins is None
+    assert [r.id for r in following.requests] == [3, 4]
 
 
 def test_without_a_round_trip_a_gpu_gets_its_next_batch_once_free():

@@ -30,7 +30,9 @@ idle fraction under it and the autoscaling signals (gateway/tools/goodput.py).
 
 ``--dispatch-delay-ms MEAN`` delays each GPU batch between the core's Start and the executor
 receiving it (exponential, seeded): an executor that receives a batch after its latest start
-refuses it (Clockwork's late action), and the core puts its requests back.
+refuses it (Clockwork's late action), and the core puts its requests back. With a delay the
+default policy learns the trip and sends a busy GPU its next batch that long before its batch
+in flight ends; the executor begins it once that one has ended, one batch at a time.
 """
 
 from __future__ import annotations
