@@ -24,6 +24,10 @@ generator the rest):
   lighter than the paper's models on its CPUs, so each SLA stays a few service times long;
 - RR+max shares all 1.5 cores out evenly; RR+min gives the whole node 1/6 of that (0.25
   cores), as the paper's 1 core of each 6-core worker.
+- on a machine where the stand-ins take k times their time on the machine these scales were
+  set on (REFERENCE_CPU_MS; k measured at the start, ``--time-scale`` to set it), the whole
+  experiment runs k times slower: every SLA k times longer and every rate k times lower, so
+  that each model's demand in cores and its SLA in service times are as designed.
 
 What is measured, per test and system:
 - violations as the clients see them: 1 s windows by sending time in which the mean response
@@ -57,9 +61,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import numpy as np
+import onnxruntime as ort
 import requests
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from serving import median_ms  # noqa: E402
+
 ROOT = HERE.parent
 WORK = HERE / "work"
 DOCS = ROOT / "docs" / "roma"
@@ -68,6 +78,12 @@ MODELS = ROOT / "examples" / "models"
 STAND_INS = {"Skylines": "upconv_s", "GoogLeNet": "upconv_m", "ResNet": "upconv_l", "VGG16": "upconv_xl"}
 NODE_CORES = 1.5
 MIN_CORES = 0.05  # every model's floor, but under RR+min
+# One request of each stand-in on one core of the machine these scales were set on (2026-11-23,
+# docs/BENCHMARKS.md: "ROMA's CPU experiment"). On a machine where they take k times as long
+# the whole experiment runs k times slower (``time_scaled``): every SLA k times longer, every
+# rate k times lower, so that each model's demand in cores and its SLA in service times stay
+# what they were (in roma_eval.py the emulated GPU's times scale with the CPU's too).
+REFERENCE_CPU_MS = {"upconv_s": 2.7, "upconv_m": 4.9, "upconv_l": 7.0, "upconv_xl": 8.9}
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
 
 # One request as the client saw it: sent at (s from the start of the load), latency ms, HTTP status (0: no answer).
@@ -103,6 +119,33 @@ def load_tests() -> dict[str, list[dict]]:
             rates = [float(r) for r in row["rps_steps"].split("-")]
             tests.setdefault(row["test"], []).append({"app": row["app"], "sla_ms": float(row["sla_s"]) * 100, "rates": rates})
     return tests
+
+
+def cpu_time_ms(model: str) -> float:
+    """Median single-request time of the model on one core (ONNX Runtime, one thread)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(MODELS / f"{model}.onnx"), options, providers=["CPUExecutionProvider"])
+    x = np.full((1, 1, 8, 8), 0.5, np.float32)
+    return median_ms(lambda: session.run(None, {"x": x}), 20, 100)
+
+
+def machine_time_scale(cpu_ms: dict[str, float]) -> float:
+    """How many times as long the stand-ins take here as on the reference machine
+    (REFERENCE_CPU_MS): their single-request CPU times summed, over the reference's."""
+    return sum(cpu_ms[model] for model in REFERENCE_CPU_MS) / sum(REFERENCE_CPU_MS.values())
+
+
+def time_scaled(tests: dict[str, list[dict]], time_scale: float, rate_scale: float = 1.0) -> dict[str, list[dict]]:
+    """The tests as a run drives them: rates ``rate_scale`` times the paper's, and the whole
+    experiment ``time_scale`` times slower (SLAs longer, rates lower by that factor)."""
+    return {
+        test: [
+            {**app, "sla_ms": app["sla_ms"] * time_scale, "rates": [rate * rate_scale / time_scale for rate in app["rates"]]}
+            for app in apps
+        ]
+        for test, apps in tests.items()
+    }
 
 
 def paper_table() -> dict[tuple[str, str], dict]:
@@ -411,6 +454,11 @@ def main() -> int:
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"of {', '.join(SYSTEMS)}")
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        help="run the experiment this many times slower (default: the stand-ins' CPU time here over REFERENCE_CPU_MS)",
+    )
     parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
     args = parser.parse_args()
     out_path = WORK / "roma_cpu.json"
@@ -424,11 +472,17 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
     WORK.mkdir(exist_ok=True)
-    tests = load_tests()
+    time_scale = args.time_scale
+    if time_scale is None:
+        time_scale = machine_time_scale({model: cpu_time_ms(model) for model in STAND_INS.values()})
+    if time_scale <= 0:
+        raise SystemExit(f"--time-scale must be positive, not {time_scale}")
+    print(f"time scale: {time_scale:.2f} (every SLA x {time_scale:.2f}, every rate / {time_scale:.2f})", flush=True)
+    tests = time_scaled(load_tests(), time_scale)
     rows = json.loads(out_path.read_text()) if out_path.exists() else []
     for test in args.tests.split(","):
         for system in args.systems.split(","):
-            row = run_system(test, tests[test], system, args.step_s, args.seed)
+            row = {**run_system(test, tests[test], system, args.step_s, args.seed), "time_scale": time_scale}
             rows = [r for r in rows if (r["test"], r["system"]) != (test, system)] + [row]
             out_path.write_text(json.dumps(rows, separators=(",", ":")))
             print(

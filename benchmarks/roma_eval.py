@@ -75,21 +75,19 @@ import random
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from roma_cpu import (  # noqa: E402
     DOCS,
     MIN_CORES,
-    MODELS,
     STAND_INS,
     WORK,
     client_violations,
     config_text,
+    cpu_time_ms,
     load_tests,
+    machine_time_scale,
     model_record,
     ok_samples,
     paper_table,
@@ -97,20 +95,14 @@ from roma_cpu import (  # noqa: E402
     ratio,
     serve_and_drive,
     summary,
+    time_scaled,
     window_means,
 )
-from serving import median_ms  # noqa: E402
 
 from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
 
 RATE_SCALE = 2
-# One request of each stand-in on one core of the machine these scales were set on (2026-11-23,
-# docs/BENCHMARKS.md: "ROMA's CPU experiment"). On a machine where they take k times as long
-# the whole experiment runs k times slower (``time_scale``): every SLA k times longer, every
-# rate k times lower, so that each model's demand in cores, its SLA in service times and the
-# GPU's overload stay what they were (the emulated GPU's times scale with the CPU's already).
-REFERENCE_CPU_MS = {"upconv_s": 2.7, "upconv_m": 4.9, "upconv_l": 7.0, "upconv_xl": 8.9}
 # The floor as the core-seconds count it: a CFS quota is at least 1 ms a period, so MIN_CORES
 # (0.05) is enforced as 0.1 core at the executors' 10 ms period (executors/limits.py).
 ENFORCED_FLOOR = quota_cores(MIN_CORES, CFS_PERIOD_US)
@@ -162,15 +154,6 @@ def order(system: str) -> tuple[int, str]:
     return list(SYSTEMS).index(base), setpoint
 
 
-def cpu_time_ms(model: str) -> float:
-    """Median single-request time of the model on one core (ONNX Runtime, one thread)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(MODELS / f"{model}.onnx"), options, providers=["CPUExecutionProvider"])
-    x = np.full((1, 1, 8, 8), 0.5, np.float32)
-    return median_ms(lambda: session.run(None, {"x": x}), 20, 100)
-
-
 def peak_load(apps: list[dict], ms: dict[str, float]) -> float:
     """The busiest rate step of a test, in ms of work per second when a request of each model
     costs ``ms[model]``."""
@@ -180,22 +163,10 @@ def peak_load(apps: list[dict], ms: dict[str, float]) -> float:
     )
 
 
-def machine_time_scale(cpu_ms: dict[str, float]) -> float:
-    """How many times as long the stand-ins take here as on the reference machine
-    (REFERENCE_CPU_MS): their single-request CPU times summed, over the reference's."""
-    return sum(cpu_ms[model] for model in REFERENCE_CPU_MS) / sum(REFERENCE_CPU_MS.values())
-
-
 def scaled_tests(tests: dict[str, list[dict]], time_scale: float) -> dict[str, list[dict]]:
     """The tests as this run drives them: rates RATE_SCALE times the paper's, and the whole
-    experiment ``time_scale`` times slower (SLAs longer, rates lower by that factor)."""
-    return {
-        test: [
-            {**app, "sla_ms": app["sla_ms"] * time_scale, "rates": [rate * RATE_SCALE / time_scale for rate in app["rates"]]}
-            for app in apps
-        ]
-        for test, apps in tests.items()
-    }
+    experiment ``time_scale`` times slower (``time_scaled``)."""
+    return time_scaled(tests, time_scale, RATE_SCALE)
 
 
 def gpu_profile(tests: dict[str, list[dict]], cpu_ms: dict[str, float]) -> dict:

@@ -1,5 +1,6 @@
-"""benchmarks/roma_eval.py on a slower or faster machine: the experiment runs slower or faster
-as a whole, so each model's demand in cores and its SLA in service times are as designed."""
+"""benchmarks/roma_cpu.py and roma_eval.py on a slower or faster machine: the experiment runs
+slower or faster as a whole, so each model's demand in cores and its SLA in service times are as
+designed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from roma_cpu import STAND_INS, load_tests  # noqa: E402
-from roma_eval import RATE_SCALE, REFERENCE_CPU_MS, gpu_profile, machine_time_scale, scaled_tests  # noqa: E402
+from roma_cpu import REFERENCE_CPU_MS, STAND_INS, load_tests, machine_time_scale, time_scaled  # noqa: E402
+from roma_eval import RATE_SCALE, gpu_profile, scaled_tests  # noqa: E402
 
 
 def test_the_time_scale_is_the_stand_ins_cpu_time_here_over_the_reference():
@@ -38,3 +39,11 @@ def test_a_scaled_run_asks_for_the_same_cores_and_gives_the_same_slas_in_service
     scaled = gpu_profile(here, slower)
     assert scaled["peak_gpu_load"] == pytest.approx(reference["peak_gpu_load"])
     assert scaled["gpu_ms"]["upconv_xl"] == pytest.approx(time_scale * reference["gpu_ms"]["upconv_xl"])
+
+
+def test_the_cpu_experiment_keeps_the_papers_rates_on_the_reference_machine_and_scales_them_elsewhere():
+    paper = load_tests()
+    assert time_scaled(paper, 1.0) == paper
+    slower = time_scaled(paper, 2.0)["allapps"][0]
+    assert slower["sla_ms"] == 2 * paper["allapps"][0]["sla_ms"]
+    assert slower["rates"] == [rate / 2 for rate in paper["allapps"][0]["rates"]]
