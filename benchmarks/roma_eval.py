@@ -27,9 +27,9 @@ Scaling to this machine (the rules of benchmarks/roma_cpu.py, plus the GPU):
   time, so an SLA stays a similar multiple of a request's CPU time);
 - rates are the paper's times RATE_SCALE = 2;
 - on a machine where the stand-ins take k times their time on the machine these scales were
-  set on (REFERENCE_CPU_MS; k measured at the start, ``--time-scale`` to set it), the whole
+  set on (roma_cpu.REFERENCE_CPU_MS; k measured at the start, ``--time-scale`` to set it), the
   experiment runs k times slower: every SLA k times longer and every rate k times lower, so
-  that each model's demand in cores and its SLA in service times are as designed (at k = 1.8,
+  that each model's demand in cores and its SLA in service times are as designed (at k = 1.7,
   AllApps' peak step asked for 2.0 cores' worth of CPU time unscaled, more than the node's 1.5,
   and every system ran at its ceiling);
 - the emulated GPU's time for a request of each model comes from a real GPU's profile,
