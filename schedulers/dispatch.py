@@ -605,6 +605,26 @@ class DispatchCore:
             self._idle_gpus[gpu.id] = gpu
         else:
             self._idle_gpus.pop(gpu.id, None)
+        self._drop_ended()
+
+    def _drop_ended(self) -> None:
+        """Drop the heaps' top entries of batches that ended (or GPUs gone down): their readers,
+        ``_gpu_start`` and ``_pipeline``, run only while no GPU is idle, and would otherwise leave
+        an entry behind for every batch served while one is. Each entry is dropped once."""
+        ends = self._gpu_ends
+        while ends:
+            _, batch_id, gpu = ends[0]
+            last = gpu.last
+            if gpu.ready and last is not None and last.id == batch_id:
+                break
+            heapq.heappop(ends)
+        ends = self._pipeline_ends
+        while ends:
+            end, batch_id, gpu = ends[0]
+            running = gpu.batch
+            if gpu.ready and gpu.queued is None and running is not None and (running.id, running.expected_end) == (batch_id, end):
+                break
+            heapq.heappop(ends)
 
     def _gpu_start(self, now: float) -> float | None:
         """When the earliest ready GPU executor can start a batch (None: no GPU is ready)."""

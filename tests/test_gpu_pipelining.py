@@ -151,6 +151,22 @@ def test_a_queued_batch_refused_late_is_refused_with_the_reason_and_the_running_
     assert core.queue_length("m") == 0 and not of(actions, Start)
 
 
+def test_batches_served_while_a_gpu_is_idle_leave_no_entries_behind():
+    """The heaps of batch ends are read only while no GPU is idle; served with one GPU always
+    idle, a long run must not keep an entry for every batch (a gateway runs for weeks)."""
+    core = gpu_core()
+    core.add_executor("gpu-1", GPU)
+    core.set_executor_ready("gpu-1", True, 0.0)
+    now = 0.0
+    for i in range(1000):
+        batch = started(core.on_arrival(Request(i, "m", now), now))
+        now += L_MS / 1000 + TRIP_S
+        core.on_batch_done(batch, L_MS, now)
+        now += 0.001
+    assert core.gpu_round_trip_s == pytest.approx(TRIP_S)
+    assert len(core._gpu_ends) <= 2 and len(core._pipeline_ends) <= 2
+
+
 def test_the_gpu_busy_time_counts_a_pipelined_gpu_as_busy_from_first_send_to_last_answer():
     window = GpuClusterWindow(opened_at=0.0, period_s=10.0)
     window.batch_started("gpu-0", 1.0)
@@ -181,3 +197,23 @@ def test_the_simulated_executor_runs_a_queued_batch_after_the_one_before_it():
     assert min(gaps) > -1e-9  # never two batches at once on the GPU
     # Back to back, where without the pipeline each batch would begin a dispatch delay after the last.
     assert sum(gap < 1e-9 for gap in gaps) > 0.5 * len(gaps)
+
+
+def test_the_simulated_executor_receives_its_batches_in_the_order_sent():
+    """Each batch's trip is drawn apart; a queued batch with a short trip must still not overtake
+    the batch it was sent behind, as one connection to the executor keeps them in order. (3 ms
+    batches and a 2 ms mean trip: drawn apart, about 3% of them overtook.)"""
+    model = SimModel("m", sla_ms=200, gpu=(3.0, 0.0), max_batch=1, drop_late=True)
+    simulation = Simulation([model], gpus=1, policy=DEFAULT_POLICY, gpu_dispatch_ms=2.0, seed=3)
+    order: list[int] = []
+    execute = simulation._execute
+
+    def record(batch, now):
+        if batch.device == GPU:
+            order.append(batch.id)
+        execute(batch, now)
+
+    simulation._execute = record
+    simulation.run([(i * 0.0028, "m") for i in range(1000)], duration_s=3.0)
+    assert len(order) > 500
+    assert order == sorted(order)

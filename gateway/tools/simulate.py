@@ -210,6 +210,7 @@ class Simulation:
         self._dispatch_rng = random.Random(f"gpu-dispatch-{seed}")
         self.late_actions = 0  # GPU batches refused by their executor for reaching it too late
         self._gpu_busy_until: dict[str, float] = {}  # GPU executor -> end of the batch it runs
+        self._gpu_arrives: dict[str, float] = {}  # GPU executor -> when the last batch sent reaches it
         self.decided = 0  # arrivals the core has seen
 
     def _push(self, at: float, kind: str, payload: Any) -> None:
@@ -235,7 +236,11 @@ class Simulation:
                 batch = action.batch
                 if batch.device == GPU and self.gpu_dispatch_ms > 0:
                     delay_s = self._dispatch_rng.expovariate(1000 / self.gpu_dispatch_ms)
-                    self._push(now + delay_s, "received", batch)
+                    # One connection to each executor keeps its batches in the order sent: a
+                    # pipelined batch never overtakes the one it was queued behind.
+                    arrives = max(now + delay_s, self._gpu_arrives.get(batch.executor, now))
+                    self._gpu_arrives[batch.executor] = arrives
+                    self._push(arrives, "received", batch)
                 elif batch.device == GPU and self._gpu_busy_until.get(batch.executor, now) > now:
                     self._push(self._gpu_busy_until[batch.executor], "received", batch)  # queued behind its batch
                 else:
