@@ -136,6 +136,24 @@ def machine_time_scale(cpu_ms: dict[str, float]) -> float:
     return sum(cpu_ms[model] for model in REFERENCE_CPU_MS) / sum(REFERENCE_CPU_MS.values())
 
 
+def add_time_scale_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        help="run the experiment this many times slower (default: the stand-ins' CPU time here over REFERENCE_CPU_MS)",
+    )
+
+
+def run_time_scale(requested: float | None, cpu_ms: Callable[[], dict[str, float]]) -> float:
+    """The run's time scale: ``requested`` (--time-scale), else measured (``cpu_ms``, the
+    stand-ins' single-request times here, over REFERENCE_CPU_MS); printed."""
+    time_scale = requested if requested is not None else machine_time_scale(cpu_ms())
+    if time_scale <= 0:
+        raise SystemExit(f"--time-scale must be positive, not {time_scale}")
+    print(f"time scale: {time_scale:.2f} (every SLA x {time_scale:.2f}, every rate / {time_scale:.2f})", flush=True)
+    return time_scale
+
+
 def time_scaled(tests: dict[str, list[dict]], time_scale: float, rate_scale: float = 1.0) -> dict[str, list[dict]]:
     """The tests as a run drives them: rates ``rate_scale`` times the paper's, and the whole
     experiment ``time_scale`` times slower (SLAs longer, rates lower by that factor)."""
@@ -454,11 +472,7 @@ def main() -> int:
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"of {', '.join(SYSTEMS)}")
     parser.add_argument("--step-s", type=float, default=35.0, help="seconds per rate step (the paper: 35)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        help="run the experiment this many times slower (default: the stand-ins' CPU time here over REFERENCE_CPU_MS)",
-    )
+    add_time_scale_argument(parser)
     parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
     args = parser.parse_args()
     out_path = WORK / "roma_cpu.json"
@@ -472,12 +486,7 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
     WORK.mkdir(exist_ok=True)
-    time_scale = args.time_scale
-    if time_scale is None:
-        time_scale = machine_time_scale({model: cpu_time_ms(model) for model in STAND_INS.values()})
-    if time_scale <= 0:
-        raise SystemExit(f"--time-scale must be positive, not {time_scale}")
-    print(f"time scale: {time_scale:.2f} (every SLA x {time_scale:.2f}, every rate / {time_scale:.2f})", flush=True)
+    time_scale = run_time_scale(args.time_scale, lambda: {model: cpu_time_ms(model) for model in STAND_INS.values()})
     tests = time_scaled(load_tests(), time_scale)
     rows = json.loads(out_path.read_text()) if out_path.exists() else []
     for test in args.tests.split(","):

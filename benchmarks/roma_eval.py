@@ -83,16 +83,17 @@ from roma_cpu import (  # noqa: E402
     MIN_CORES,
     STAND_INS,
     WORK,
+    add_time_scale_argument,
     client_violations,
     config_text,
     cpu_time_ms,
     load_tests,
-    machine_time_scale,
     model_record,
     ok_samples,
     paper_table,
     plot_runs,
     ratio,
+    run_time_scale,
     serve_and_drive,
     summary,
     time_scaled,
@@ -369,11 +370,7 @@ def main() -> int:
     parser.add_argument("--gpu", choices=["emulated", "cuda"], default="emulated")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-batch", type=int, default=MAX_BATCH, help="each model's max_batch_size (ROMA: 1)")
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        help="run the experiment this many times slower (default: the stand-ins' CPU time here over REFERENCE_CPU_MS)",
-    )
+    add_time_scale_argument(parser)
     parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
     args = parser.parse_args()
     out_path = WORK / "roma_eval.json"
@@ -387,12 +384,9 @@ def main() -> int:
             raise SystemExit(f"--max-batch must be at least 1, not {args.max_batch}")
         WORK.mkdir(exist_ok=True)
         cpu_ms = {model: cpu_time_ms(model) for model in STAND_INS.values()}
-        time_scale = args.time_scale if args.time_scale is not None else machine_time_scale(cpu_ms)
-        if time_scale <= 0:
-            raise SystemExit(f"--time-scale must be positive, not {time_scale}")
+        time_scale = run_time_scale(args.time_scale, lambda: cpu_ms)
         tests = scaled_tests(load_tests(), time_scale)
         gpu = gpu_profile(tests, cpu_ms)
-        print(f"time scale: {time_scale:.2f} (every SLA x {time_scale:.2f}, every rate / {time_scale:.2f})")
         print_gpu(gpu)
         print(f"every model's max_batch_size: {args.max_batch}")
         profile = WORK / "roma_eval_gpu.csv"
