@@ -56,7 +56,7 @@ from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from gateway.ui.series import LiveSeries, PeriodOf
 from schedulers.autoscale import ScalingSignal, scaling_signal
-from schedulers.dispatch import CPU, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
 from schedulers.gpu_memory import GpuMemory, Load, ModelFootprint
 from schedulers.profiles import LatencyProfile
@@ -861,7 +861,7 @@ class Engine:
             actions = self.core.on_batch_late(batch, self.now)
         except ExecutorFailed as error:
             message = f"executor {executor.id} failed: {error}"
-            actions = self.core.on_batch_failed(batch, self.now, 503, "executor_failed", message)
+            actions = self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message)
         except (ModelError, ValueError) as error:
             message = f"model '{batch.model}' failed on this input: {error}"
             actions = self.core.on_batch_failed(batch, self.now, 400, "model_error", message)

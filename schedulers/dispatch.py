@@ -48,6 +48,9 @@ from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
 from schedulers.round_robin import RandomRoundRobin
 
 CPU, GPU = "cpu", "gpu"
+# The outcome of a batch whose executor failed (crashed, hung, hung up): ``on_batch_failed``
+# then takes back the batch queued behind it, which the executor had not begun.
+EXECUTOR_FAILED = "executor_failed"
 # Float seconds: a timer set for t must find what is due at t.
 EPSILON_S = 1e-9
 REFUSAL_MARGIN_S = 1e-6
@@ -231,6 +234,9 @@ class DispatchCore:
         self._cpu_hold_at = math.inf  # the earliest a CPU batch held for its planned size is due
         self._wake_asked = math.inf  # the earliest WakeAt handed out and not yet fired
         self._batch_ids = itertools.count(1)
+        # Batches taken back from a failed executor before it began them: their requests went
+        # back to their queues, so the executor's own report of them changes nothing.
+        self._withdrawn: set[int] = set()
 
     # -- set-up -------------------------------------------------------------------------------
     def add_model(
@@ -392,6 +398,8 @@ class DispatchCore:
 
     def on_batch_done(self, batch: Batch, compute_ms: float, now: float) -> list[Action]:
         """``batch`` ran in ``compute_ms`` on its executor: its live requests are answered, the profile learns."""
+        if self._reported_withdrawn(batch):
+            return [Finish(batch, ())]
         self._release(batch, now)
         state = self.models[batch.model]
         gpu_model = state.on_gpus
@@ -414,27 +422,37 @@ class DispatchCore:
         """The executor refused ``batch``: it reached it after its ``latest_start`` (Clockwork's
         late action, Section 4.4). Nothing ran; the live requests go back to their queue in
         arrival order, to be rescheduled, or refused at once if no device can finish them now."""
+        if self._reported_withdrawn(batch):
+            return []
         self._release(batch, now)
         state = self.models[batch.model]
         if state.on_gpus:
             # A batch queued behind another was on its way only from when that one was to end.
             self.gpu_scheduler.on_late(batch.started if batch.begins is None else batch.begins, now)
-        returned = [r for r in batch.requests if r.state != ENDED]
-        for request in returned:
-            request.state, request.dispatched = QUEUED, None
-        if returned:
-            state.queue.put_back(returned)
-            # The head may be a request watched before it was sent, whose refusal entry left the
-            # heap while it ran: watch it anew, or nothing would refuse it before its timeout.
-            state.watched = None
-            self._queue_changed(state, now)
+        self._put_back(batch, now)
         reason = "its batch reached the GPU executor after its latest start time and was not run"
         return self._pump(now, refusal_reason=(state.name, reason))
 
     def on_batch_failed(self, batch: Batch, now: float, status: int, outcome: str, message: str) -> list[Action]:
+        """``batch`` did not run: its live requests end with ``status``. Where its executor failed
+        (``EXECUTOR_FAILED``) while it ran the batch, the batch queued behind it (``_pipeline``)
+        had not begun: the executor reads it only once it has answered the one before. That one
+        is taken back, its requests go back to their queue to be served elsewhere, or refused
+        at once if no device can finish them now, as after a late action."""
+        if self._reported_withdrawn(batch):
+            return []
+        executor = self.executors[batch.executor]
+        unbegun = executor.queued if outcome == EXECUTOR_FAILED and executor.batch is batch else None
         self._release(batch, now)
         live = self._end(batch.requests)
-        return ([Fail(live, status, outcome, message)] if live else []) + self._pump(now)
+        actions: list[Action] = [Fail(live, status, outcome, message)] if live else []
+        if unbegun is None:
+            return actions + self._pump(now)
+        self._release(unbegun, now)
+        self._withdrawn.add(unbegun.id)
+        self._put_back(unbegun, now)
+        reason = "its GPU executor failed before it began the batch"
+        return actions + self._pump(now, refusal_reason=(unbegun.model, reason))
 
     def on_timer(self, now: float) -> list[Action]:
         """Time passed: end the requests past their timeout, and decide again (deferred batches)."""
@@ -948,6 +966,26 @@ class DispatchCore:
         if on_gpu:
             self._gpu_changed(executor)
         actions.append(Start(batch))
+
+    def _reported_withdrawn(self, batch: Batch) -> bool:
+        """Whether ``batch`` is one taken back from a failed executor (its report is the last)."""
+        if batch.id not in self._withdrawn:
+            return False
+        self._withdrawn.discard(batch.id)
+        return True
+
+    def _put_back(self, batch: Batch, now: float) -> None:
+        """The live requests of a batch that did not run go back to their queue, in arrival order."""
+        state = self.models[batch.model]
+        returned = [r for r in batch.requests if r.state != ENDED]
+        for request in returned:
+            request.state, request.dispatched = QUEUED, None
+        if returned:
+            state.queue.put_back(returned)
+            # The head may be a request watched before it was sent, whose refusal entry left the
+            # heap while it ran: watch it anew, or nothing would refuse it before its timeout.
+            state.watched = None
+            self._queue_changed(state, now)
 
     def _release(self, batch: Batch, now: float) -> None:
         executor = self.executors[batch.executor]

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.gpu_cluster import GpuClusterWindow
 from gateway.tools.simulate import SimModel, Simulation
-from schedulers.dispatch import GPU, Batch, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.dispatch import EXECUTOR_FAILED, GPU, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import DEFAULT_POLICY, GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -149,6 +149,63 @@ def test_a_queued_batch_refused_late_is_refused_with_the_reason_and_the_running_
     assert refusal.requests == (late_one,) and refusal.outcome == "refused_deadline"
     assert "after its latest start time" in refusal.message
     assert core.queue_length("m") == 0 and not of(actions, Start)
+
+
+def pipelined_pair(core: DispatchCore) -> tuple[Batch, Batch, float]:
+    """A running batch on gpu-0 and one queued behind it; the time the queued one was sent."""
+    now = learn_the_trip(core)
+    running = started(core.on_arrival(Request(2, "m", now), now))
+    core.on_arrival(Request(3, "m", now + 0.001), now + 0.001)
+    sent_at = running.expected_end - TRIP_S
+    queued = started(core.on_timer(sent_at))
+    assert queued.begins is not None and core.executors["gpu-0"].queued is queued
+    return running, queued, sent_at
+
+
+def test_a_failed_executor_fails_its_running_batch_and_gives_the_queued_one_to_another_gpu():
+    """The executor reads a queued batch only once it has answered the one before: when it
+    fails during that one, the queued batch never began, and its requests are served elsewhere."""
+    core = gpu_core()
+    core.add_executor("gpu-1", GPU)
+    running, queued, sent_at = pipelined_pair(core)
+    # gpu-1 comes up only now; the queued batch was sent while no GPU was idle.
+    core.set_executor_ready("gpu-1", True, sent_at)
+    failed_at = sent_at + 0.0005
+    core.set_executor_ready("gpu-0", False, failed_at)  # the supervisor sees the process gone first
+    actions = core.on_batch_failed(running, failed_at, 503, EXECUTOR_FAILED, "executor gpu-0 failed")
+
+    (failure,) = of(actions, Fail)
+    assert failure.requests == running.requests and failure.status == 503
+    again = started(actions)
+    assert again.executor == "gpu-1" and again.requests == queued.requests
+    assert core.executors["gpu-0"].batch is None and core.executors["gpu-0"].queued is None
+    # The executor's own report of the queued batch comes after: it changes nothing.
+    assert core.on_batch_failed(queued, failed_at, 503, EXECUTOR_FAILED, "executor gpu-0 failed") == []
+    assert core.executors["gpu-1"].batch is again
+    finished = of(core.on_batch_done(again, L_MS, again.expected_end + TRIP_S), Finish)
+    assert finished[0].requests == queued.requests
+
+
+def test_a_queued_batch_whose_executor_failed_waits_in_its_queue_for_the_executor_to_come_back():
+    """With no other GPU, the queued batch's requests wait for the restart, as new arrivals do."""
+    core = gpu_core()
+    running, queued, sent_at = pipelined_pair(core)
+    core.set_executor_ready("gpu-0", False, sent_at)
+    actions = core.on_batch_failed(running, sent_at, 503, EXECUTOR_FAILED, "executor gpu-0 failed")
+    assert [f.requests for f in of(actions, Fail)] == [running.requests] and not of(actions, Start)
+    assert core.queue_length("m") == 1
+    again = started(core.set_executor_ready("gpu-0", True, sent_at + 0.02))
+    assert again.executor == "gpu-0" and again.requests == queued.requests and again.begins is None
+
+
+def test_a_model_error_leaves_the_queued_batch_to_its_executor():
+    """A batch the model refused (400) leaves the executor running: the queued batch runs there."""
+    core = gpu_core()
+    running, queued, sent_at = pipelined_pair(core)
+    actions = core.on_batch_failed(running, running.expected_end, 400, "model_error", "bad input")
+    assert of(actions, Fail)[0].requests == running.requests and not of(actions, Start)
+    assert core.executors["gpu-0"].batch is queued
+    assert of(core.on_batch_done(queued, L_MS, queued.expected_end), Finish)[0].requests == queued.requests
 
 
 def test_batches_served_while_a_gpu_is_idle_leave_no_entries_behind():
