@@ -1,6 +1,7 @@
 """How fast the CPU control plane follows a change: load steps and an SLA change at run time.
 
     .venv/bin/python benchmarks/roma_step.py [--scenarios step,step4x,sla-change] [--step-s 20] [--idle-s 20]
+        [--time-scale K]
 
 Three scenarios, each served by `gateway serve` with open-loop Poisson arrivals (the node,
 models, SLAs and helpers of benchmarks/roma_cpu.py: 1.5 cores for the executors, upconv_m and
@@ -17,6 +18,12 @@ upconv_l playing GoogLeNet and ResNet with SLAs of 45 ms and 54 ms):
 The systems are roma_cpu.py's: pi is ROMA's PI controllers (grant proportional), ours the
 feedforward policy with grant deficit, max every core, static. 15 s is 0.75 x --step-s, 20 s
 is --step-s.
+
+The rates and SLAs above are those of the machine the stand-ins' times were set on
+(roma_cpu.REFERENCE_CPU_MS). Where the stand-ins take k times as long, every SLA is k times
+longer and every rate k times lower (k measured at the start, ``--time-scale`` to set it), so
+that each model's demand in cores and its SLA in service times are as designed; the steps and
+the control period keep their length in seconds.
 
 What is measured:
 - violations as the clients see them: 1 s windows by sending time whose mean response time of
@@ -56,12 +63,15 @@ from roma_cpu import (  # noqa: E402
     SYSTEMS,
     WORK,
     Sample,
+    add_time_scale_argument,
     config_text,
+    cpu_time_ms,
     drive,
     model_record,
     ok_samples,
     plot_runs,
     ratio,
+    run_time_scale,
     serve_and_drive,
     summary,
     window_means,
@@ -72,20 +82,33 @@ SLA_MS = {"GoogLeNet": 45.0, "ResNet": 54.0}  # the paper's divided by 10, as ro
 CHANGED_MODEL = STAND_INS["GoogLeNet"]
 
 
-def workload(scenario: str, step_s: float) -> tuple[list[dict], float]:
+def workload(scenario: str, step_s: float, time_scale: float = 1.0) -> tuple[list[dict], float]:
     """The apps of a scenario (roma_cpu.drive's form, with their step lengths) and the time of
-    its change: the step, or the SLA change (0 for the three-step test)."""
+    its change: the step, or the SLA change (0 for the three-step test). ``time_scale`` k makes
+    every SLA k times longer and every rate k times lower; the steps keep their seconds."""
     before = 0.75 * step_s  # 15 s at the default 20
     if scenario == "step":
-        return [
-            {"app": "GoogLeNet", "sla_ms": SLA_MS["GoogLeNet"], "rates": [40, 120, 40], "durations": [step_s] * 3},
-            {"app": "ResNet", "sla_ms": SLA_MS["ResNet"], "rates": [30, 70, 30], "durations": [step_s] * 3},
-        ], 0.0
-    if scenario == "step4x":
-        return [{"app": "GoogLeNet", "sla_ms": SLA_MS["GoogLeNet"], "rates": [30, 120], "durations": [before, step_s]}], before
-    if scenario == "sla-change":
-        return [{"app": "GoogLeNet", "sla_ms": SLA_MS["GoogLeNet"], "rates": [80], "durations": [before + step_s]}], before
-    raise SystemExit(f"unknown scenario {scenario!r}: choose from {', '.join(SCENARIOS)}")
+        apps = [
+            {"app": "GoogLeNet", "rates": [40, 120, 40], "durations": [step_s] * 3},
+            {"app": "ResNet", "rates": [30, 70, 30], "durations": [step_s] * 3},
+        ]
+        change_s = 0.0
+    elif scenario == "step4x":
+        apps, change_s = [{"app": "GoogLeNet", "rates": [30, 120], "durations": [before, step_s]}], before
+    elif scenario == "sla-change":
+        apps, change_s = [{"app": "GoogLeNet", "rates": [80], "durations": [before + step_s]}], before
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}: choose from {', '.join(SCENARIOS)}")
+    scaled = [
+        {**app, "sla_ms": SLA_MS[app["app"]] * time_scale, "rates": [rate / time_scale for rate in app["rates"]]} for app in apps
+    ]
+    return scaled, change_s
+
+
+def rates_text(row: dict, app: str) -> str:
+    """An app's rates in a run, as '40 -> 120 -> 40'."""
+    rates = next(a["rates"] for a in row["workload"] if a["app"] == app)
+    return " -> ".join(f"{rate:.3g}" for rate in rates)
 
 
 def sla_at(row: dict, name: str, window: int) -> float:
@@ -125,13 +148,13 @@ def idle_periods(row: dict, name: str) -> int | None:
     return None
 
 
-def run(scenario: str, system: str, step_s: float, idle_s: float, seed: int) -> dict:
-    apps, change_s = workload(scenario, step_s)
+def run(scenario: str, system: str, step_s: float, idle_s: float, seed: int, time_scale: float) -> dict:
+    apps, change_s = workload(scenario, step_s, time_scale)
     port = 20000 + random.Random().randrange(1000)
     config = WORK / f"step-{scenario}-{system}.toml"
     spec = SYSTEMS[system]
     config.write_text(config_text(apps, spec.policy, port, alpha=spec.alpha, grant=spec.grant))
-    new_sla = SLA_MS["GoogLeNet"] / 2
+    new_sla = apps[0]["sla_ms"] / 2
 
     async def load(base: str, start: float) -> dict[str, list[Sample]]:
         async def change_sla() -> None:
@@ -164,6 +187,7 @@ def run(scenario: str, system: str, step_s: float, idle_s: float, seed: int) -> 
         "scenario": scenario,
         "system": system,
         "step_s": step_s,
+        "time_scale": time_scale,
         "change_s": change_s,
         "new_sla_ms": new_sla if scenario == "sla-change" else None,
         "idle_s": idle_s if scenario == "sla-change" else 0.0,
@@ -186,7 +210,11 @@ def print_tables(rows: list[dict]) -> None:
     chosen = sorted((r for r in rows if r["scenario"] == "step"), key=lambda r: order.index(r["system"]))
     if chosen:
         names = list(chosen[0]["per_model"])
-        print(f"\nstep: upconv_m 40 -> 120 -> 40 /s, upconv_l 30 -> 70 -> 30 /s, steps of {chosen[0]['step_s']:g} s\n")
+        row = chosen[0]
+        print(
+            f"\nstep: upconv_m {rates_text(row, 'GoogLeNet')} /s, upconv_l {rates_text(row, 'ResNet')} /s, "
+            f"steps of {row['step_s']:g} s, time scale {row.get('time_scale', 1.0):.2f}\n"
+        )
         print(
             "| system | "
             + " | ".join(f"V 1 s {n}" for n in names)
@@ -203,7 +231,10 @@ def print_tables(rows: list[dict]) -> None:
     chosen = sorted((r for r in rows if r["scenario"] == "step4x"), key=lambda r: order.index(r["system"]))
     if chosen:
         row = chosen[0]
-        print(f"\nstep4x: upconv_m 30 -> 120 /s at {row['change_s']:g} s, then {row['step_s']:g} s\n")
+        print(
+            f"\nstep4x: upconv_m {rates_text(row, 'GoogLeNet')} /s at {row['change_s']:g} s, then {row['step_s']:g} s, "
+            f"SLA {row['per_model'][CHANGED_MODEL]['sla_ms']:.3g} ms, time scale {row.get('time_scale', 1.0):.2f}\n"
+        )
         print("| system | periods after the step until under the SLA for good | V 1 s | core-s | mean ms | max ms | errors |")
         print("|---|---|---|---|---|---|---|")
         for row in chosen:
@@ -216,8 +247,9 @@ def print_tables(rows: list[dict]) -> None:
         row = chosen[0]
         old = row["per_model"][CHANGED_MODEL]["sla_ms"]
         print(
-            f"\nsla-change: upconv_m at 80 /s, SLA {old:g} -> {row['new_sla_ms']:g} ms at {row['change_s']:g} s, "
-            f"load to {row['change_s'] + row['step_s']:g} s, then {row['idle_s']:g} s idle\n"
+            f"\nsla-change: upconv_m at {rates_text(row, 'GoogLeNet')} /s, SLA {old:.3g} -> {row['new_sla_ms']:.3g} ms "
+            f"at {row['change_s']:g} s, load to {row['change_s'] + row['step_s']:g} s, then {row['idle_s']:g} s idle, "
+            f"time scale {row.get('time_scale', 1.0):.2f}\n"
         )
         print(
             "| system | periods after the change until under the new SLA for good | V 1 s | core-s (load) "
@@ -263,6 +295,7 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=20.0, help="seconds with no load after sla-change")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--table", action="store_true", help="only print the tables and draw the plots of the results so far")
+    add_time_scale_argument(parser)
     args = parser.parse_args()
     out_path = WORK / "roma_step.json"
     rows = json.loads(out_path.read_text()) if out_path.exists() else []
@@ -270,12 +303,13 @@ def main() -> int:
         if not all((MODELS / f"{m}.onnx").exists() for m in STAND_INS.values()):
             raise SystemExit("missing models: run python examples/make_models.py")
         WORK.mkdir(exist_ok=True)
+        time_scale = run_time_scale(args.time_scale, lambda: {model: cpu_time_ms(model) for model in STAND_INS.values()})
         for scenario in args.scenarios.split(","):
             workload(scenario, args.step_s)  # fails early on an unknown name
             for system in (args.systems or SCENARIOS[scenario]).split(","):
                 if system not in SYSTEMS:
                     raise SystemExit(f"unknown system {system!r}: choose from {', '.join(SYSTEMS)}")
-                row = run(scenario, system, args.step_s, args.idle_s, args.seed)
+                row = run(scenario, system, args.step_s, args.idle_s, args.seed, time_scale)
                 rows = [r for r in rows if (r["scenario"], r["system"]) != (scenario, system)] + [row]
                 out_path.write_text(json.dumps(rows, separators=(",", ":")))
                 print(

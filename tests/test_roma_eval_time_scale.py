@@ -47,3 +47,16 @@ def test_the_cpu_experiment_keeps_the_papers_rates_on_the_reference_machine_and_
     slower = time_scaled(paper, 2.0)["allapps"][0]
     assert slower["sla_ms"] == 2 * paper["allapps"][0]["sla_ms"]
     assert slower["rates"] == [rate / 2 for rate in paper["allapps"][0]["rates"]]
+
+
+@pytest.mark.parametrize("scenario", ["step", "step4x", "sla-change"])
+def test_the_step_runs_scale_their_slas_and_rates_and_keep_their_seconds(scenario):
+    from roma_step import workload
+
+    designed, change_s = workload(scenario, 20.0)
+    slower, slower_change_s = workload(scenario, 20.0, 1.6)
+    assert slower_change_s == change_s
+    for app, run in zip(designed, slower, strict=True):
+        assert run["sla_ms"] == pytest.approx(1.6 * app["sla_ms"])
+        assert run["rates"] == pytest.approx([rate / 1.6 for rate in app["rates"]])
+        assert run["durations"] == app["durations"]
