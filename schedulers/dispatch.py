@@ -781,7 +781,7 @@ class DispatchCore:
                 self._deferral_at = min(self._deferral_at, decision.time)
                 return
             state = self.models[decision.model]
-            if sum(r.rows for r in decision.requests) < state.max_batch:
+            if self._stacked_rows(decision.requests) < state.max_batch:
                 # It could still grow by the end: this GPU takes its next batch once free, as
                 # without pipelining (the candidate is formed anew). Only a full batch loses
                 # nothing by being chosen a trip early.
@@ -825,6 +825,12 @@ class DispatchCore:
                 actions.append(Fail(tuple(refused), 503, "refused_deadline", message))
                 return
         self._start(gpu, state, requests, now, actions, load)
+
+    @staticmethod
+    def _stacked_rows(requests: list[Request]) -> int:
+        """The rows of the batch ``_take`` makes of ``requests``: those that stack with the first."""
+        first_key = requests[0].batch_key
+        return sum(r.rows for r in itertools.takewhile(lambda r: r.batch_key == first_key, requests))
 
     def _take(self, state: ModelState, decision: Dispatch) -> list[Request]:
         """Take the dispatched requests out of the queue (those skipped at its head stay in front).

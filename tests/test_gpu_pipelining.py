@@ -118,6 +118,27 @@ def test_a_batch_that_could_still_grow_waits_for_the_gpu_to_be_free():
     assert [r.id for r in following.requests] == [3, 4]
 
 
+
+def test_a_batch_cut_short_by_a_request_that_does_not_stack_is_not_sent_ahead():
+    """Two requests fill a batch of 2 only if their inputs stack: one of another shape would
+    leave a batch of one, which could still grow, so the GPU takes its next batch once free."""
+    core = gpu_core(max_batch=2)
+    now = learn_the_trip(core)
+    running = started(core.on_arrival(Request(2, "m", now), now))
+    core.on_arrival(Request(3, "m", now + 0.001, batch_key=("a",)), now + 0.001)
+    core.on_arrival(Request(4, "m", now + 0.002, batch_key=("b",)), now + 0.002)
+    assert not of(core.on_timer(running.expected_end - TRIP_S), Start)
+    assert core.executors["gpu-0"].queued is None
+
+    # Two that stack are a full batch: sent ahead.
+    core = gpu_core(max_batch=2)
+    now = learn_the_trip(core)
+    running = started(core.on_arrival(Request(2, "m", now), now))
+    core.on_arrival(Request(3, "m", now + 0.001, batch_key=("a",)), now + 0.001)
+    core.on_arrival(Request(4, "m", now + 0.002, batch_key=("a",)), now + 0.002)
+    queued = started(core.on_timer(running.expected_end - TRIP_S))
+    assert [r.id for r in queued.requests] == [3, 4] and queued.begins is not None
+
 def test_without_a_round_trip_a_gpu_gets_its_next_batch_once_free():
     """The simulator without a dispatch delay answers exactly at l(b): nothing changes there."""
     core = gpu_core()
