@@ -434,25 +434,42 @@ class DispatchCore:
         return self._pump(now, refusal_reason=(state.name, reason))
 
     def on_batch_failed(self, batch: Batch, now: float, status: int, outcome: str, message: str) -> list[Action]:
-        """``batch`` did not run: its live requests end with ``status``. Where its executor failed
-        (``EXECUTOR_FAILED``) while it ran the batch, the batch queued behind it (``_pipeline``)
-        had not begun: the executor reads it only once it has answered the one before. That one
-        is taken back, its requests go back to their queue to be served elsewhere, or refused
-        at once if no device can finish them now, as after a late action."""
+        """``batch`` did not run: its live requests end with ``status``.
+
+        Where its executor failed (``EXECUTOR_FAILED``: crashed, hung and killed, hung up), a
+        batch queued on it (``_pipeline``) had not begun: the executor reads it only once it has
+        answered the one before. That one is taken back, whichever of the two is reported first:
+        its requests go back to their queue to be served elsewhere, or refused at once if no
+        device can finish them now, as after a late action. The failed executor gets no work in
+        this decision: the supervisor may report it down only after its batches' failures (a hung
+        executor is killed from its batch's own timeout, before its connection closes)."""
         if self._reported_withdrawn(batch):
             return []
         executor = self.executors[batch.executor]
-        unbegun = executor.queued if outcome == EXECUTOR_FAILED and executor.batch is batch else None
-        self._release(batch, now)
-        live = self._end(batch.requests)
-        actions: list[Action] = [Fail(live, status, outcome, message)] if live else []
-        if unbegun is None:
-            return actions + self._pump(now)
-        self._release(unbegun, now)
-        self._withdrawn.add(unbegun.id)
-        self._put_back(unbegun, now)
-        reason = "its GPU executor failed before it began the batch"
-        return actions + self._pump(now, refusal_reason=(unbegun.model, reason))
+        if outcome != EXECUTOR_FAILED:
+            self._release(batch, now)
+            live = self._end(batch.requests)
+            return ([Fail(live, status, outcome, message)] if live else []) + self._pump(now)
+        actions: list[Action] = []
+        if executor.queued is batch:
+            unbegun: Batch | None = batch  # reported before the batch it waited behind
+        else:
+            unbegun = executor.queued if executor.batch is batch else None
+            self._release(batch, now)
+            if live := self._end(batch.requests):
+                actions.append(Fail(live, status, outcome, message))
+            if unbegun is not None:
+                self._withdrawn.add(unbegun.id)  # its own report is still to come
+        reason = None
+        if unbegun is not None:
+            self._release(unbegun, now)
+            self._put_back(unbegun, now)
+            reason = (unbegun.model, "its GPU executor failed before it began the batch")
+        failed = self._idle_gpus.pop(executor.id, None)
+        actions += self._pump(now, refusal_reason=reason)
+        if failed is not None and failed.ready and failed.batch is None:
+            self._idle_gpus.setdefault(executor.id, failed)
+        return actions
 
     def on_timer(self, now: float) -> list[Action]:
         """Time passed: end the requests past their timeout, and decide again (deferred batches)."""

@@ -118,7 +118,6 @@ def test_a_batch_that_could_still_grow_waits_for_the_gpu_to_be_free():
     assert [r.id for r in following.requests] == [3, 4]
 
 
-
 def test_a_batch_cut_short_by_a_request_that_does_not_stack_is_not_sent_ahead():
     """Two requests fill a batch of 2 only if their inputs stack: one of another shape would
     leave a batch of one, which could still grow, so the GPU takes its next batch once free."""
@@ -138,6 +137,7 @@ def test_a_batch_cut_short_by_a_request_that_does_not_stack_is_not_sent_ahead():
     core.on_arrival(Request(4, "m", now + 0.002, batch_key=("a",)), now + 0.002)
     queued = started(core.on_timer(running.expected_end - TRIP_S))
     assert [r.id for r in queued.requests] == [3, 4] and queued.begins is not None
+
 
 def test_without_a_round_trip_a_gpu_gets_its_next_batch_once_free():
     """The simulator without a dispatch delay answers exactly at l(b): nothing changes there."""
@@ -217,6 +217,31 @@ def test_a_queued_batch_whose_executor_failed_waits_in_its_queue_for_the_executo
     assert core.queue_length("m") == 1
     again = started(core.set_executor_ready("gpu-0", True, sent_at + 0.02))
     assert again.executor == "gpu-0" and again.requests == queued.requests and again.begins is None
+
+
+def test_a_queued_batch_reported_failed_before_the_one_it_waited_behind_is_taken_back_too():
+    core = gpu_core()
+    core.add_executor("gpu-1", GPU)
+    running, queued, sent_at = pipelined_pair(core)
+    core.set_executor_ready("gpu-1", True, sent_at)
+    actions = core.on_batch_failed(queued, sent_at + 0.0005, 503, EXECUTOR_FAILED, "executor gpu-0 failed")
+    assert not of(actions, Fail)
+    assert started(actions).executor == "gpu-1" and started(actions).requests == queued.requests
+    actions = core.on_batch_failed(running, sent_at + 0.0006, 503, EXECUTOR_FAILED, "executor gpu-0 failed")
+    assert [f.requests for f in of(actions, Fail)] == [running.requests] and not of(actions, Start)
+
+
+def test_a_hung_executor_killed_before_the_supervisor_reports_it_down_gets_none_of_its_queued_batch():
+    """A hung executor is killed from its batch's own timeout: its failure reaches the core while
+    the core still sees the executor ready. Sent there again, the requests would fail with it."""
+    core = gpu_core()
+    running, queued, sent_at = pipelined_pair(core)
+    hung_at = sent_at + 0.01
+    actions = core.on_batch_failed(running, hung_at, 503, EXECUTOR_FAILED, "executor gpu-0 hung")
+    assert not of(actions, Start) and core.queue_length("m") == 1
+    core.set_executor_ready("gpu-0", False, hung_at)
+    again = started(core.set_executor_ready("gpu-0", True, hung_at + 0.01))
+    assert again.requests == queued.requests
 
 
 def test_a_model_error_leaves_the_queued_batch_to_its_executor():
