@@ -441,8 +441,9 @@ class DispatchCore:
         answered the one before. That one is taken back, whichever of the two is reported first:
         its requests go back to their queue to be served elsewhere, or refused at once if no
         device can finish them now, as after a late action. The failed executor gets no work in
-        this decision: the supervisor may report it down only after its batches' failures (a hung
-        executor is killed from its batch's own timeout, before its connection closes)."""
+        this decision: it may still be reported up when its batches' failures arrive (an executor
+        on a worker, whose worker restarts it and reports so later; or a connection's failure that
+        reaches the batch before the supervisor's own notice)."""
         if self._reported_withdrawn(batch):
             return []
         executor = self.executors[batch.executor]

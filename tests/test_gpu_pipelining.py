@@ -231,9 +231,9 @@ def test_a_queued_batch_reported_failed_before_the_one_it_waited_behind_is_taken
     assert [f.requests for f in of(actions, Fail)] == [running.requests] and not of(actions, Start)
 
 
-def test_a_hung_executor_killed_before_the_supervisor_reports_it_down_gets_none_of_its_queued_batch():
-    """A hung executor is killed from its batch's own timeout: its failure reaches the core while
-    the core still sees the executor ready. Sent there again, the requests would fail with it."""
+def test_an_executor_whose_failure_arrives_before_it_is_reported_down_gets_none_of_its_queued_batch():
+    """An executor on a worker is reported down only by its worker, after its batches' failures
+    reach the core: sent there again at once, the requests would fail with it."""
     core = gpu_core()
     running, queued, sent_at = pipelined_pair(core)
     hung_at = sent_at + 0.01
