@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -232,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         per_item, fixed = (float(x) for x in numbers.split(","))
         emulate[name] = (per_item, fixed)
     sock = connect(args.connect)
+    # What start-up made (modules, sessions) lives as long as the process: out of the collector's
+    # reach, a full collection no longer walks it (23,000 objects, 6-8 ms on the developers' VM,
+    # in the middle of a batch), as in gateway/server.py's serve.
+    gc.collect()
+    gc.freeze()
     # The gateway going away ends the executor: nothing is left to answer.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import math
@@ -393,6 +394,9 @@ async def serve_worker(config: GatewayConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await node.start()
+    # Start-up's objects out of the collector's reach, as in gateway/server.py's serve.
+    gc.collect()
+    gc.freeze()
     try:
         await stop.wait()
     finally:
