@@ -550,6 +550,8 @@ async def serve(config: GatewayConfig) -> None:
     # frozen out of the collector's reach, a full collection walks only what serving made since.
     # A full collection stalls the event loop, and every request in flight: 82-166 ms without the
     # freeze, 44 ms with it, at 400 requests/s on the developers' 2-core VM (benchmarks/gc_pauses.py).
+    # The cost: reference cycles among start-up's objects are never freed, should a model loaded
+    # at start-up be unloaded later (its objects freed by reference counting still are).
     gc.collect()
     gc.freeze()
     # handler_cancellation: a client that disconnects cancels its handler, so its request leaves
