@@ -153,6 +153,13 @@ class ExecutorState:
         return now if last is None else max(now, last.expected_end)
 
 
+def _awaits_next(end: float, batch_id: int, gpu: ExecutorState) -> bool:
+    """Whether an entry of the core's ``_pipeline_ends`` still stands: the GPU is ready, runs that
+    batch, still expected to end then, and has nothing queued behind it."""
+    running = gpu.batch
+    return gpu.ready and gpu.queued is None and running is not None and (running.id, running.expected_end) == (batch_id, end)
+
+
 # The GPUs keep a request only if they can answer it within this share of its SLA; the CPU
 # takes the rest. At 1.0 (the deadline itself) the GPUs keep requests they would answer just
 # in time: under an overload every GPU answer then comes near the SLA, and the mean of a
@@ -655,11 +662,7 @@ class DispatchCore:
                 break
             heapq.heappop(ends)
         ends = self._pipeline_ends
-        while ends:
-            end, batch_id, gpu = ends[0]
-            running = gpu.batch
-            if gpu.ready and gpu.queued is None and running is not None and (running.id, running.expected_end) == (batch_id, end):
-                break
+        while ends and not _awaits_next(*ends[0]):
             heapq.heappop(ends)
 
     def _gpu_start(self, now: float) -> float | None:
@@ -783,10 +786,9 @@ class DispatchCore:
         lead_s = self.gpu_round_trip_s
         ends, due = self._pipeline_ends, self._pipeline_due
         while ends and ends[0][0] - lead_s <= now + EPSILON_S:
-            end, batch_id, gpu = heapq.heappop(ends)
-            running = gpu.batch
-            if gpu.ready and gpu.queued is None and running is not None and (running.id, running.expected_end) == (batch_id, end):
-                due[gpu.id] = gpu
+            entry = heapq.heappop(ends)
+            if _awaits_next(*entry):
+                due[entry[2].id] = entry[2]
         if ends:
             self._pipeline_at = ends[0][0] - lead_s  # an entry of an ended batch only wakes the core early
         for gpu in list(due.values()):
