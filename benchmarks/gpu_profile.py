@@ -1,11 +1,15 @@
 """Measure l(b) of the example models on a real GPU (ONNX Runtime's CUDA provider).
 
-    python benchmarks/gpu_profile.py [--out benchmarks/profiles/h100.csv]
+    python benchmarks/gpu_profile.py [--out benchmarks/profiles/h100.csv] [--cudnn-conv-algo-search EXHAUSTIVE]
 
 For batch sizes 1, 2, 4, 8, 16 and 32: 5 warm-up runs (the first CUDA run of a shape sets up
 kernels and cuDNN algorithms), then the median of 30. Writes one row per model in the zoo CSV
 format that the emulated GPU executor and ``gateway simulate`` read (model, alpha_ms, beta_ms,
-beta_over_alpha, slo_ms; the fit l(b) = alpha b + beta), plus the raw medians per batch size.
+beta_over_alpha, slo_ms; the fit l(b) = alpha b + beta), plus the raw medians per batch size
+and the first run after each change of batch size (cold_b*_ms): the CUDA provider's convolution
+re-plans for every new input shape (under the cuDNN algorithm search named), which a GPU
+executor running each batch at its own size pays whenever the size changes
+(executors/batch_shapes.py).
 """
 
 from __future__ import annotations
@@ -27,18 +31,23 @@ BATCHES = (1, 2, 4, 8, 16, 32)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "profiles" / "gpu.csv")
+    parser.add_argument("--cudnn-conv-algo-search", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"], default="EXHAUSTIVE")
     args = parser.parse_args()
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     rows = []
     for name, shape in SHAPES.items():
-        session = ort.InferenceSession(str(MODELS / f"{name}.onnx"), providers=["CUDAExecutionProvider"])
+        cuda = {"cudnn_conv_algo_search": args.cudnn_conv_algo_search}
+        session = ort.InferenceSession(str(MODELS / f"{name}.onnx"), providers=[("CUDAExecutionProvider", cuda)])
         assert session.get_providers()[0] == "CUDAExecutionProvider", session.get_providers()
-        medians = {}
+        medians, cold = {}, {}
         for b in BATCHES:
             x = np.random.default_rng(b).random((b, *shape), dtype=np.float32)
-            for _ in range(5):
+            for run in range(5):
+                started = time.perf_counter()
                 session.run(None, {"x": x})
+                if run == 0:
+                    cold[b] = (time.perf_counter() - started) * 1000
             samples = []
             for _ in range(30):
                 started = time.perf_counter()
@@ -55,6 +64,7 @@ def main() -> None:
                 "beta_over_alpha": round(beta / alpha, 2) if alpha else "",
                 "slo_ms": "",
                 **{f"b{b}_ms": round(m, 4) for b, m in medians.items()},
+                **{f"cold_b{b}_ms": round(m, 2) for b, m in cold.items()},
             }
         )
         print(rows[-1], flush=True)

@@ -1,12 +1,15 @@
 """A short `gateway serve` run on a real GPU (ONNX Runtime's CUDA provider) beside CPU executors.
 
-    python benchmarks/gpu_serve.py [--rate 400] [--seconds 10]
+    python benchmarks/gpu_serve.py [--rate 400] [--seconds 10] [--no-warmup] [--cudnn-conv-algo-search exhaustive]
+                                   [--batch-shapes fixed]
 
 Two models of the example zoo (mlp, cnn_small), one CPU executor each (1 core) and one GPU
 executor holding both, the default GPU policy, Poisson arrivals split evenly, batch-1 JSON.
 Prints, per model: answers by status, where they ran, p50/p99 response time, and the l(b) the
-gateway measured on the GPU and on the CPU (GET /admin/models/NAME, "profiles"). Needs an NVIDIA
-GPU and onnxruntime-gpu; it says so and exits 2 without them.
+gateway measured on the GPU and on the CPU (GET /admin/models/NAME, "profiles"), and how long
+the gateway took to be ready and what the GPU executor's warm-up took ([gpu] warmup, on unless
+``--no-warmup``). ``--batch-shapes`` and ``--cudnn-conv-algo-search`` set [gpu]'s keys of those
+names. Needs an NVIDIA GPU and onnxruntime-gpu; it says so and exits 2 without them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=400.0)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--no-warmup", action="store_true", help="[gpu] warmup = false")
+    parser.add_argument("--cudnn-conv-algo-search", choices=["exhaustive", "heuristic", "default"], default="exhaustive")
+    parser.add_argument("--batch-shapes", choices=["fixed", "exact"], default="fixed")
     args = parser.parse_args()
     import onnxruntime as ort
 
@@ -86,6 +92,9 @@ cpu_cores = 2.0
 gpus = [0]
 [gpu]
 executor = "cuda"
+warmup = {"false" if args.no_warmup else "true"}
+cudnn_conv_algo_search = "{args.cudnn_conv_algo_search}"
+batch_shapes = "{args.batch_shapes}"
 [control]
 policy = "fixed"
 [models.mlp]
@@ -108,6 +117,7 @@ cpu = {{ cores = 1.0, threads = 1 }}
         cwd=ROOT,
     )
     base = f"http://127.0.0.1:{port}"
+    launched = time.perf_counter()
     try:
         import requests
 
@@ -121,8 +131,22 @@ cpu = {{ cores = 1.0, threads = 1 }}
                 print((folder / "gateway.log").read_text()[-3000:])
                 return 1
             time.sleep(0.2)
+        ready_s = time.perf_counter() - launched
+        executors = requests.get(f"{base}/admin/models/{next(iter(MODELS))}", timeout=10).json()["executors"]
+        gpu_providers = {e["provider"] for e in executors if e["id"].startswith("gpu")}
+        if gpu_providers != {"CUDAExecutionProvider"}:
+            print(f"the GPU executor runs {gpu_providers}, not the CUDA provider: nothing to measure", file=sys.stderr)
+            return 2
         results = asyncio.run(drive(base, args.rate, args.seconds))
-        print(f"rate {args.rate:g} req/s for {args.seconds:g} s, policy deferral, CUDA provider")
+        warmup = "off" if args.no_warmup else "on"
+        print(
+            f"rate {args.rate:g} req/s for {args.seconds:g} s, default GPU policy, CUDA provider, "
+            f"batch shapes {args.batch_shapes}, cuDNN search {args.cudnn_conv_algo_search}, warm-up {warmup}; "
+            f"ready after {ready_s:.1f} s"
+        )
+        for line in (folder / "gateway.log").read_text().splitlines():
+            if "GPU executor" in line or "profile l(b)" in line:
+                print("  log:", line.split("] ", 1)[-1] if "] " in line else line)
         for name, rows in results.items():
             admin = requests.get(f"{base}/admin/models/{name}", timeout=10).json()
             statuses: dict[int, int] = {}

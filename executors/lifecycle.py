@@ -68,6 +68,9 @@ class SupervisedExecutor(abc.ABC):
         memory_mb: float | None = None,
         on_change: Callable[[], None] = lambda: None,
         model_cache: bool = False,
+        warmup: Mapping[str, int] | None = None,
+        cudnn_conv_algo_search: str = "EXHAUSTIVE",
+        fixed_batches: Mapping[str, int] | None = None,
     ) -> None:
         self.id = executor_id
         self.models = models
@@ -82,6 +85,14 @@ class SupervisedExecutor(abc.ABC):
         # A GPU executor whose memory is a cache of models: it holds none at start, and LOADs
         # and UNLOADs them as each batch says (schedulers/gpu_memory.py).
         self.model_cache = model_cache
+        # A real GPU's models run once at each batch size before the executor says it is ready
+        # (model -> largest batch; executors/worker.py's warm_up), and the CUDA provider's cuDNN
+        # algorithm search. What the warm-up did, per model, as the worker's hello said it.
+        self.warmup = dict(warmup or {})
+        self.cudnn_conv_algo_search = cudnn_conv_algo_search
+        # A real GPU's models at fixed batch sizes (model -> largest batch; executors/batch_shapes.py).
+        self.fixed_batches = dict(fixed_batches or {})
+        self.warmed: dict[str, Any] = {}
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
         self.restarts = 0
@@ -133,6 +144,12 @@ class SupervisedExecutor(abc.ABC):
                 args.append("--emulate-zeros")
         elif self.device.startswith("gpu"):
             args += ["--provider", "cuda", "--device-id", self.device.partition(":")[2] or "0"]
+            args += ["--cudnn-conv-algo-search", self.cudnn_conv_algo_search]
+            if not self.model_cache:  # a model cache holds no session at start: nothing to warm
+                for name, max_batch in self.fixed_batches.items():
+                    args += ["--fixed-batches", f"{name}={max_batch}"]
+                for name, max_batch in self.warmup.items():
+                    args += ["--warmup", f"{name}={max_batch}"]
         if self.model_cache:
             args.append("--model-cache")
         return args
@@ -315,6 +332,7 @@ class SupervisedExecutor(abc.ABC):
                 self.signatures = connection.hello["models"]
                 self.provider = ",".join(sorted(set(connection.hello.get("providers", {}).values())))
                 self.pid = connection.hello.get("pid")
+                self.warmed = connection.hello.get("warmed", {})
                 await self._on_ready()  # a backend may put the host's pid in self.pid
                 self._process = self._watch_process()
                 started_at = loop.time()

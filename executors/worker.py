@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from executors.batch_shapes import FixedBatchSession, why_not_fixed
 from executors.tensors import KSERVE_TO_NUMPY, ONNX_TO_KSERVE
 from executors.wire import encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
 
@@ -56,7 +58,9 @@ def load_cuda_libraries() -> None:
             log.warning("could not preload the CUDA libraries: %s", error)
 
 
-def open_session(path: str, threads: int, provider: str, device_id: int) -> ort.InferenceSession:
+def open_session(
+    path: str, threads: int, provider: str, device_id: int, cudnn_conv_algo_search: str = "EXHAUSTIVE"
+) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -65,12 +69,38 @@ def open_session(path: str, threads: int, provider: str, device_id: int) -> ort.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers: list[Any] = [PROVIDERS[provider]]
     if provider == "cuda":
-        providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+        cuda = {"device_id": device_id, "cudnn_conv_algo_search": cudnn_conv_algo_search}
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     session = ort.InferenceSession(path, options, providers=providers)
     taken = session.get_providers()[0]
     if taken != PROVIDERS[provider]:
         log.error("asked for %s for %s but ONNX Runtime took %s", PROVIDERS[provider], path, taken)
     return session
+
+
+def warm_up(session: ort.InferenceSession | FixedBatchSession, max_batch: int) -> tuple[list[int], float, str | None]:
+    """Run ``session`` once on zeros at each batch size it will see (Triton's model warm-up): its
+    fixed sizes (executors/batch_shapes.py), else 1..``max_batch``. The CUDA provider plans a
+    convolution for its input shape on the first run of that shape (and on every change of shape:
+    hence the fixed sizes) and CUDA loads kernels on first use: without it the first batches pay
+    that (600 ms for the first batch of a CNN on an H200), and the GPU's latency profile learns it
+    as l(b). Returns the batch sizes run, the milliseconds it took and, where the model cannot be
+    warmed this way, why: an input with another free dimension than the batch (its shapes are
+    only known from requests) or of strings."""
+    inputs = describe(session)["inputs"]
+    for spec in inputs:
+        if -1 in spec["shape"][1:]:
+            return [], 0.0, f"input {spec['name']} has a free dimension besides the batch: {spec['shape']}"
+        if spec["datatype"] not in KSERVE_TO_NUMPY or spec["datatype"] == "BYTES":
+            return [], 0.0, f"input {spec['name']} is {spec['datatype']}"
+    # A model whose inputs have no free batch dimension takes one shape only: its own.
+    batched = all(spec["shape"][:1] == [-1] for spec in inputs)
+    sizes = session.sizes if isinstance(session, FixedBatchSession) else list(range(1, max_batch + 1)) if batched else [1]
+    began = time.perf_counter()
+    for batch in sizes:
+        shapes = {spec["name"]: [batch, *spec["shape"][1:]] if batched else spec["shape"] for spec in inputs}
+        session.run(None, {spec["name"]: np.zeros(shapes[spec["name"]], KSERVE_TO_NUMPY[spec["datatype"]]) for spec in inputs})
+    return sizes, (time.perf_counter() - began) * 1000.0, None
 
 
 def as_onnx_feed(array: np.ndarray) -> np.ndarray:
@@ -108,6 +138,7 @@ def serve(
     emulate: dict[str, tuple[float, float]] | None = None,
     emulate_zeros: bool = False,
     reopen: Callable[[str], ort.InferenceSession] | None = None,
+    warmed: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Answer infer frames until the gateway hangs up.
 
@@ -122,6 +153,8 @@ def serve(
     closed once described, and a batch's header says what to do first: ``unload`` closes those
     models' sessions (UNLOAD), and a model without a session is opened again (LOAD), held for
     ``load_ms`` in all where its GPU is emulated.
+
+    ``warmed`` (what ``warm_up`` did, per model) goes to the gateway in the hello.
     """
     emulate = emulate or {}
     slow_logged: set[str] = set()
@@ -142,7 +175,8 @@ def serve(
     # The clock reading lets the gateway check that "latest" in an infer frame means the same
     # instant here (executors/wire.py).
     clock = time.perf_counter()
-    send({"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models, "clock": clock})
+    hello = {"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models, "clock": clock}
+    send({**hello, "warmed": warmed or {}})
     if reopen is not None:
         sessions.clear()  # nothing held until loaded
     while True:
@@ -208,6 +242,39 @@ def load_model(
         time.sleep(max(0.0, float(header.get("load_ms", 0.0)) - took_ms) / 1000)
 
 
+def _name_and_number(item: str) -> tuple[str, int]:
+    """NAME=N of a command-line option."""
+    name, _, number = item.partition("=")
+    return name, int(number)
+
+
+def fix_batch_sizes(
+    sessions: dict[str, Any], largest: dict[str, int], open_another: Callable[[str], ort.InferenceSession]
+) -> None:
+    """Put each model of ``largest`` (model -> its largest batch) that can run at fixed batch sizes
+    on sessions of its own per size (executors/batch_shapes.py); the others stay as they are."""
+    for name, max_batch in largest.items():
+        reason = why_not_fixed(sessions[name])
+        if reason:
+            log.warning("%s: runs each batch at its own size: %s", name, reason)
+            continue
+        sessions[name] = FixedBatchSession(sessions[name], functools.partial(open_another, name), max_batch)
+        log.info("%s: runs at batch sizes %s (padded with zero rows)", name, sessions[name].sizes)
+
+
+def warm_up_models(sessions: dict[str, Any], largest: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Warm each model of ``largest`` up (``warm_up``); what was done, per model, for the hello."""
+    warmed: dict[str, dict[str, Any]] = {}
+    for name, max_batch in largest.items():
+        sizes, took_ms, skipped = warm_up(sessions[name], max_batch)
+        warmed[name] = {"batches": sizes, "ms": round(took_ms, 3), "skipped": skipped}
+        if skipped:
+            log.warning("%s: not warmed up: %s", name, skipped)
+        else:
+            log.info("%s: warmed up at batch sizes %s in %.0f ms", name, sizes, took_ms)
+    return warmed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="executors.worker")
     parser.add_argument("--connect", required=True, help="unix:PATH or tcp:HOST:PORT of the gateway")
@@ -218,15 +285,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulate", action="append", default=[], help="NAME=PER_ITEM_MS,FIXED_MS: hold batches of NAME for l(b)")
     parser.add_argument("--emulate-zeros", action="store_true", help="emulated models answer zeros instead of computing")
     parser.add_argument("--model-cache", action="store_true", help="hold no model until a batch LOADs it (GPU memory as a cache)")
+    parser.add_argument("--warmup", action="append", default=[], help="NAME=MAX_BATCH: run NAME at batch 1..MAX_BATCH first")
+    parser.add_argument("--fixed-batches", action="append", default=[], help="NAME=MAX_BATCH: run NAME at fixed batch sizes")
+    parser.add_argument("--cudnn-conv-algo-search", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"], default="EXHAUSTIVE")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.provider == "cuda":
         load_cuda_libraries()
-    sessions, paths = {}, {}
-    for item in args.model:
-        name, _, path = item.partition("=")
-        paths[name] = path
-        sessions[name] = open_session(path, args.threads, args.provider, args.device_id)
+    paths = dict(item.partition("=")[::2] for item in args.model)
+
+    def reopen(name: str) -> ort.InferenceSession:
+        return open_session(paths[name], args.threads, args.provider, args.device_id, args.cudnn_conv_algo_search)
+
+    sessions: dict[str, Any] = {name: reopen(name) for name in paths}
+    fix_batch_sizes(sessions, dict(_name_and_number(item) for item in args.fixed_batches), reopen)
+    warmed = warm_up_models(sessions, dict(_name_and_number(item) for item in args.warmup))
     emulate = {}
     for item in args.emulate:
         name, _, numbers = item.partition("=")
@@ -240,11 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     # The gateway going away ends the executor: nothing is left to answer.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-
-        def reopen(name: str) -> ort.InferenceSession:
-            return open_session(paths[name], args.threads, args.provider, args.device_id)
-
-        serve(sock, sessions, args.provider, emulate, args.emulate_zeros, reopen if args.model_cache else None)
+        serve(sock, sessions, args.provider, emulate, args.emulate_zeros, reopen if args.model_cache else None, warmed)
     return 0
 
 

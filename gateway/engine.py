@@ -122,6 +122,11 @@ def gpu_memory_of(config: GatewayConfig) -> GpuMemory | None:
     return GpuMemory(gpu.memory_mb, footprints)
 
 
+def _sizes(batches: list[int]) -> str:
+    """Batch sizes for a log line: 1-32 where every size up to 32, else each ([1, 2, 4, ... 32])."""
+    return f"batch 1-{batches[-1]}" if batches == list(range(1, len(batches) + 1)) and len(batches) > 2 else f"batch {batches}"
+
+
 @dataclass
 class ModelRuntime:
     config: ModelConfig
@@ -383,13 +388,15 @@ class Engine:
         for runtime in self.models.values():
             await self._profile_model(runtime)
         for executor in self.gpu_executors:
+            warmed = [f"{n} {_sizes(w['batches'])} in {w['ms']:.0f} ms" for n, w in executor.warmed.items() if w.get("batches")]
             log.info(
-                "GPU executor %s on %s (pid %s, provider %s%s)",
+                "GPU executor %s on %s (pid %s, provider %s%s%s)",
                 executor.id,
                 executor.device,
                 executor.pid,
                 executor.provider,
                 ", emulated" if executor.emulate else "",
+                f", warmed up: {', '.join(warmed)}" if warmed else "",
             )
 
     async def _profile_model(self, runtime: ModelRuntime) -> None:

@@ -86,6 +86,7 @@ def build_node_executors(
     gpu = config.gpu
     reserved = config.control.reserved_cores
     gpu_cores = reserved / len(config.node.gpus) if reserved > 0 and config.node.gpus else 0.0
+    largest_batches = {name: m.max_batch_size for name, m in config.models.items()}
     for device_id in config.node.gpus:
         emulated = gpu.executor == "emulated"
         emulate = {name: gpu.profiles[m.gpu_profile or name] for name, m in config.models.items()} if emulated else None
@@ -102,6 +103,9 @@ def build_node_executors(
                 emulate_zeros=gpu.emulated_outputs == "zeros",
                 on_change=functools.partial(on_change, f"gpu-{device_id}"),
                 model_cache=gpu.memory_mb is not None,
+                warmup=largest_batches if gpu.warmup and not emulated else None,
+                fixed_batches=largest_batches if gpu.batch_shapes == "fixed" and not emulated else None,
+                cudnn_conv_algo_search=gpu.cudnn_conv_algo_search.upper(),
             )
         )
     return node

@@ -59,6 +59,8 @@ class RemoteExecutor:
         self.emulate: dict[str, tuple[float, float]] = {
             k: (float(v[0]), float(v[1])) for k, v in (info.get("emulate") or {}).items()
         }
+        # What a real GPU executor's warm-up did, per model (executors/worker.py's warm_up).
+        self.warmed: dict[str, Any] = dict(info.get("warmed") or {})
         self.threads = 0
         self.pid: int | None = None
         self.restarts = 0

@@ -9,8 +9,8 @@ with the executor protocol itself (executors/wire.py, DESIGN.md principle 2):
 - dispatcher -> worker ``hello``: {"kind": "hello", "token", "dispatcher"}; a wrong token is
   answered ``refused`` and the connection closed.
 - worker -> dispatcher ``hello``: {"kind": "hello", "worker", "clock", "pid", "cpu_cores",
-  "executors": [{"id", "device", "models": {name: signature}, "provider", "emulate", "state",
-  "cores", "enforced_cores"}]}.
+  "executors": [{"id", "device", "models": {name: signature}, "provider", "emulate", "warmed",
+  "state", "cores", "enforced_cores"}]}.
 - dispatcher -> worker ``infer``: an executor's ``infer`` with "executor" (which one) and
   "waited_ms" (how long each request of the batch had waited at the dispatcher when sent).
 - worker -> dispatcher: the executor's ``result``, ``error`` or ``late``, under the same id, or
@@ -187,6 +187,7 @@ class WorkerNode:
                     "models": e.signatures,
                     "provider": e.provider,
                     "emulate": {name: list(profile) for name, profile in e.emulate.items()} or None,
+                    "warmed": e.warmed,
                 }
                 for e in self.executors.values()
             ],

@@ -1,0 +1,93 @@
+"""A real GPU runs each model at fixed batch sizes, a batch padded with zero rows to the next.
+
+ONNX Runtime's CUDA convolution re-plans whenever its input shape changes (21-42 ms a batch on
+an H200 against 0.1-0.4 ms for the batch: docs/BENCHMARKS.md), so the GPU executor keeps one
+session per size (executors/batch_shapes.py). These tests run it on the CPU, where the padding,
+the slicing and the choice of session are the same; benchmarks/gpu_serve.py measures it on a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from executors.batch_shapes import FixedBatchSession, batch_sizes, why_not_fixed
+from executors.process import ProcessExecutor
+from executors.worker import open_session
+from gateway.config import load_config
+from gateway.node import build_node_executors
+
+
+@pytest.mark.parametrize(
+    ("largest", "sizes"), [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8]), (32, [1, 2, 4, 8, 16, 32])]
+)
+def test_sizes_are_the_powers_of_two_below_the_largest_batch_and_it(largest, sizes):
+    assert batch_sizes(largest) == sizes
+
+
+class Spy:
+    """A session that records the batch sizes it ran."""
+
+    def __init__(self, session):
+        self.session, self.rows = session, []
+
+    def run(self, names, feeds):
+        self.rows.append(next(iter(feeds.values())).shape[0])
+        return self.session.run(names, feeds)
+
+
+def test_a_batch_runs_padded_on_the_next_size_and_answers_its_own_rows(example_models):
+    path = str(example_models / "cnn_small.onnx")
+    fixed = FixedBatchSession(open_session(path, 1, "cpu", 0), lambda: open_session(path, 1, "cpu", 0), 8)
+    assert list(fixed.sessions) == [1, 2, 4, 8] and len({id(s) for s in fixed.sessions.values()}) == 4
+    spies = {size: Spy(session) for size, session in fixed.sessions.items()}
+    fixed.sessions = spies
+    x = np.random.default_rng(0).random((3, 3, 32, 32), dtype=np.float32)
+    (padded,) = fixed.run(None, {"x": x})
+    (alone,) = open_session(path, 1, "cpu", 0).run(None, {"x": x})
+    assert spies[4].rows == [4] and not spies[1].rows and not spies[2].rows and not spies[8].rows
+    assert padded.shape == alone.shape and np.allclose(padded, alone, atol=1e-5)
+    fixed.run(None, {"x": x[:2]})
+    assert spies[2].rows == [2]  # a batch of a size of its own runs unpadded
+
+
+def test_models_with_other_free_dimensions_run_each_batch_at_its_own_size(example_models):
+    assert why_not_fixed(open_session(str(example_models / "mlp.onnx"), 1, "cpu", 0)) is None
+    reason = why_not_fixed(open_session(str(example_models / "ppocr_det.onnx"), 1, "cpu", 0))
+    assert "input x has a free dimension besides the batch" in reason
+
+
+async def test_the_gpu_executor_answers_a_padded_batch_with_its_own_rows(example_models, tmp_path):
+    # On a machine without a GPU ONNX Runtime falls back to the CPU: the worker's sessions, padding
+    # and slicing are the same.
+    models = {"cnn_small": example_models / "cnn_small.onnx"}
+    sizes = {"cnn_small": 8}
+    executor = ProcessExecutor(
+        "gpu-0", models, device="gpu:0", threads=1, cores=1.0, socket_dir=tmp_path, warmup=sizes, fixed_batches=sizes
+    )
+    await executor.start()
+    try:
+        assert executor.warmed["cnn_small"]["batches"] == [1, 2, 4, 8]  # each size's session warmed once
+        x = np.random.default_rng(1).random((5, 3, 32, 32), dtype=np.float32)
+        outputs, _ = await executor.infer("cnn_small", {"x": x})
+        (alone,) = open_session(str(models["cnn_small"]), 1, "cpu", 0).run(None, {"x": x})
+        (name,) = outputs
+        # On a GPU cuDNN and cuBLAS may use TF32 tensor cores: equal to about three decimal places.
+        assert outputs[name].shape == alone.shape and np.allclose(outputs[name], alone, rtol=1e-2, atol=1e-3)
+    finally:
+        await executor.stop()
+
+
+def _node(tmp_models, gpu: str):
+    path = tmp_models / "config.toml"
+    model = "[models.mlp]\npath = 'mlp.onnx'\nsla_ms = 50\nmax_batch_size = 6\n"
+    path.write_text(f"[node]\ncpu_cores = 1.0\ngpus = [0]\n[gpu]\n{gpu}\n{model}")
+    return build_node_executors(load_config(path), tmp_models)
+
+
+def test_real_gpu_executors_run_fixed_batch_sizes_unless_told_exact(tmp_models):
+    (gpu,) = _node(tmp_models, "").gpus
+    args = gpu.worker_arguments("unix:x")
+    assert args[args.index("--fixed-batches") + 1] == "mlp=6"
+    (gpu,) = _node(tmp_models, 'batch_shapes = "exact"').gpus
+    assert "--fixed-batches" not in gpu.worker_arguments("unix:x")

@@ -1,0 +1,93 @@
+"""A real GPU executor warms its models up before it says it is ready.
+
+ONNX Runtime's CUDA provider searches cuDNN's convolution algorithms on the first run of each
+input shape, and every batch size is a new shape: on an H100 that first run took 439 ms for a
+batch that takes well under one once warm, and the GPU's latency profile learnt it as l(b)
+(docs/BENCHMARKS.md). The worker runs each model once at every batch size up to its
+max_batch_size before its hello, and says what it did. These tests run the worker on the CPU
+(the provider does not change what it runs); the same warm-up on a GPU is
+benchmarks/gpu_serve.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from executors.process import ProcessExecutor
+from executors.worker import open_session, warm_up
+from gateway.config import ConfigError, load_config
+from gateway.node import build_node_executors
+
+
+def test_warm_up_runs_every_batch_size_of_a_model_with_fixed_shapes(example_models):
+    session = open_session(str(example_models / "cnn_small.onnx"), 1, "cpu", 0)
+    sizes, took_ms, skipped = warm_up(session, 5)
+    assert sizes == [1, 2, 3, 4, 5] and skipped is None and took_ms > 0
+
+
+def test_a_model_with_free_image_sides_is_not_warmed_and_says_why(example_models):
+    session = open_session(str(example_models / "ppocr_det.onnx"), 1, "cpu", 0)
+    sizes, _, skipped = warm_up(session, 8)
+    assert sizes == [] and "free dimension besides the batch" in skipped and "[-1, 3, -1, -1]" in skipped
+
+
+async def test_the_executor_reports_the_warm_up_in_its_hello(example_models, tmp_path):
+    # A GPU executor: on a machine without one ONNX Runtime falls back to the CPU and the worker
+    # warms the CPU session; either way what it did comes back in its hello.
+    models = {name: example_models / f"{name}.onnx" for name in ("mlp", "ppocr_det")}
+    warmup = {"mlp": 3, "ppocr_det": 4}
+    executor = ProcessExecutor("gpu-0", models, device="gpu:0", threads=1, cores=1.0, socket_dir=tmp_path, warmup=warmup)
+    await executor.start()
+    try:
+        assert executor.warmed["mlp"]["batches"] == [1, 2, 3] and executor.warmed["mlp"]["skipped"] is None
+        assert executor.warmed["ppocr_det"]["batches"] == [] and "free dimension" in executor.warmed["ppocr_det"]["skipped"]
+    finally:
+        await executor.stop()
+
+
+def _config(tmp_models, gpu: str):
+    path = tmp_models / "config.toml"
+    path.write_text(
+        f"""
+[node]
+cpu_cores = 1.0
+gpus = [0, 1]
+[gpu]
+{gpu}
+[models.mlp]
+path = "mlp.onnx"
+sla_ms = 50
+max_batch_size = 6
+"""
+    )
+    return load_config(path)
+
+
+def test_real_gpu_executors_warm_each_model_up_to_its_largest_batch(tmp_models):
+    config = _config(tmp_models, 'cudnn_conv_algo_search = "heuristic"')
+    node = build_node_executors(config, tmp_models)
+    for gpu in node.gpus:
+        args = gpu.worker_arguments("unix:x")
+        assert args[args.index("--warmup") + 1] == "mlp=6"
+        assert args[args.index("--cudnn-conv-algo-search") + 1] == "HEURISTIC"
+    cpu_args = node.cpu["mlp"].worker_arguments("unix:x")
+    assert "--warmup" not in cpu_args and "--cudnn-conv-algo-search" not in cpu_args
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    [
+        "warmup = false",
+        'executor = "emulated"\nprofile = "profile.csv"',  # an emulated GPU has no cuDNN to warm
+        "memory_mb = 100",  # a model cache holds no session at start
+    ],
+)
+def test_no_warm_up_where_there_is_nothing_to_warm_or_it_is_turned_off(tmp_models, gpu):
+    (tmp_models / "profile.csv").write_text("model,alpha_ms,beta_ms\nmlp,0.1,1.0\n")
+    node = build_node_executors(_config(tmp_models, gpu), tmp_models)
+    assert all("--warmup" not in g.worker_arguments("unix:x") for g in node.gpus)
+
+
+def test_an_unknown_cudnn_search_is_named(tmp_models):
+    with pytest.raises(ConfigError, match="gpu.cudnn_conv_algo_search"):
+        _config(tmp_models, 'cudnn_conv_algo_search = "fastest"')
