@@ -10,7 +10,9 @@ changes"), and a dynamic batcher's sizes change nearly every batch.
 So each size keeps a session of its own, whose plan is built once (at warm-up), and a batch
 runs padded with zero rows to the next size: the powers of two below the model's largest batch,
 and that batch. At most twice its rows, which costs little on a GPU, where l(b) is mostly its
-fixed cost. The price is one copy of the model's weights in GPU memory per size.
+fixed cost. The price is in GPU memory: each size's session holds its own copy of the weights
+and its own CUDA provider with its memory arena and workspaces (not counted where memory_mb
+makes GPU memory a cache, which runs every batch at its own size).
 """
 
 from __future__ import annotations

@@ -81,25 +81,37 @@ def open_session(
 def warm_up(session: ort.InferenceSession | FixedBatchSession, max_batch: int) -> tuple[list[int], float, str | None]:
     """Run ``session`` once on zeros at each batch size it will see (Triton's model warm-up): its
     fixed sizes (executors/batch_shapes.py), else 1..``max_batch``. The CUDA provider plans a
-    convolution for its input shape on the first run of that shape (and on every change of shape:
-    hence the fixed sizes) and CUDA loads kernels on first use: without it the first batches pay
-    that (600 ms for the first batch of a CNN on an H200), and the GPU's latency profile learns it
-    as l(b). Returns the batch sizes run, the milliseconds it took and, where the model cannot be
-    warmed this way, why: an input with another free dimension than the batch (its shapes are
-    only known from requests) or of strings."""
+    convolution on the first run of a shape (and again at every change of shape: hence the fixed
+    sizes) and CUDA loads kernels on first use: without it the first batches pay that (up to
+    600 ms for the first batch of a CNN on an H200), and the GPU's latency profile learns it as
+    l(b). Returns the batch sizes run, the milliseconds it took and, where the model was not
+    warmed, why: an input with another free dimension than the batch (its shapes are only known
+    from requests), of strings, or a model that fails on zeros."""
     inputs = describe(session)["inputs"]
     for spec in inputs:
         if -1 in spec["shape"][1:]:
             return [], 0.0, f"input {spec['name']} has a free dimension besides the batch: {spec['shape']}"
         if spec["datatype"] not in KSERVE_TO_NUMPY or spec["datatype"] == "BYTES":
             return [], 0.0, f"input {spec['name']} is {spec['datatype']}"
-    # A model whose inputs have no free batch dimension takes one shape only: its own.
-    batched = all(spec["shape"][:1] == [-1] for spec in inputs)
-    sizes = session.sizes if isinstance(session, FixedBatchSession) else list(range(1, max_batch + 1)) if batched else [1]
+    # An input without a free batch dimension takes its own shape at every size; a model with no
+    # such dimension anywhere takes one shape only.
+    batched = {spec["name"]: spec["shape"][:1] == [-1] for spec in inputs}
+    if isinstance(session, FixedBatchSession):
+        sizes = session.sizes
+    else:
+        sizes = list(range(1, max_batch + 1)) if any(batched.values()) else [1]
     began = time.perf_counter()
-    for batch in sizes:
-        shapes = {spec["name"]: [batch, *spec["shape"][1:]] if batched else spec["shape"] for spec in inputs}
-        session.run(None, {spec["name"]: np.zeros(shapes[spec["name"]], KSERVE_TO_NUMPY[spec["datatype"]]) for spec in inputs})
+    try:
+        for batch in sizes:
+            feeds = {
+                spec["name"]: np.zeros(
+                    [batch, *spec["shape"][1:]] if batched[spec["name"]] else spec["shape"], KSERVE_TO_NUMPY[spec["datatype"]]
+                )
+                for spec in inputs
+            }
+            session.run(None, feeds)
+    except Exception as error:  # a model that cannot run on zeros is served unwarmed, as profiling.py does
+        return [], (time.perf_counter() - began) * 1000.0, f"it failed on zeros at batch {batch}: {type(error).__name__}: {error}"
     return sizes, (time.perf_counter() - began) * 1000.0, None
 
 
@@ -258,7 +270,11 @@ def fix_batch_sizes(
         if reason:
             log.warning("%s: runs each batch at its own size: %s", name, reason)
             continue
-        sessions[name] = FixedBatchSession(sessions[name], functools.partial(open_another, name), max_batch)
+        try:
+            sessions[name] = FixedBatchSession(sessions[name], functools.partial(open_another, name), max_batch)
+        except Exception as error:  # out of GPU memory for another copy, say: one session, as before
+            log.error("%s: runs each batch at its own size: a session per size could not be opened: %s", name, error)
+            continue
         log.info("%s: runs at batch sizes %s (padded with zero rows)", name, sessions[name].sizes)
 
 
@@ -285,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulate", action="append", default=[], help="NAME=PER_ITEM_MS,FIXED_MS: hold batches of NAME for l(b)")
     parser.add_argument("--emulate-zeros", action="store_true", help="emulated models answer zeros instead of computing")
     parser.add_argument("--model-cache", action="store_true", help="hold no model until a batch LOADs it (GPU memory as a cache)")
-    parser.add_argument("--warmup", action="append", default=[], help="NAME=MAX_BATCH: run NAME at batch 1..MAX_BATCH first")
+    parser.add_argument("--warmup", action="append", default=[], help="NAME=MAX_BATCH: run NAME at each size it will see first")
     parser.add_argument("--fixed-batches", action="append", default=[], help="NAME=MAX_BATCH: run NAME at fixed batch sizes")
     parser.add_argument("--cudnn-conv-algo-search", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"], default="EXHAUSTIVE")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import pytest
 
 from executors.batch_shapes import FixedBatchSession, batch_sizes, why_not_fixed
 from executors.process import ProcessExecutor
-from executors.worker import open_session
+from executors.worker import fix_batch_sizes, open_session
 from gateway.config import load_config
 from gateway.node import build_node_executors
 
@@ -49,6 +49,28 @@ def test_a_batch_runs_padded_on_the_next_size_and_answers_its_own_rows(example_m
     assert padded.shape == alone.shape and np.allclose(padded, alone, atol=1e-5)
     fixed.run(None, {"x": x[:2]})
     assert spies[2].rows == [2]  # a batch of a size of its own runs unpadded
+
+
+def test_a_batch_larger_than_the_largest_size_runs_as_it_is(example_models):
+    path = str(example_models / "mlp.onnx")
+    fixed = FixedBatchSession(open_session(path, 1, "cpu", 0), lambda: open_session(path, 1, "cpu", 0), 4)
+    fixed.sessions = {size: Spy(session) for size, session in fixed.sessions.items()}
+    (y,) = fixed.run(None, {"x": np.zeros((6, 512), np.float32)})
+    assert y.shape[0] == 6 and fixed.sessions[4].rows == [6]
+
+
+def test_a_model_whose_other_sessions_cannot_be_opened_keeps_its_one_session(example_models):
+    path = str(example_models / "mlp.onnx")
+    one = open_session(path, 1, "cpu", 0)
+    sessions = {"mlp": one}
+
+    def out_of_memory(name):
+        raise RuntimeError("CUDA failure 2: out of memory")
+
+    fix_batch_sizes(sessions, {"mlp": 8}, out_of_memory)
+    assert sessions["mlp"] is one
+    fix_batch_sizes(sessions, {"mlp": 8}, lambda name: open_session(path, 1, "cpu", 0))
+    assert isinstance(sessions["mlp"], FixedBatchSession) and sessions["mlp"].sizes == [1, 2, 4, 8]
 
 
 def test_models_with_other_free_dimensions_run_each_batch_at_its_own_size(example_models):

@@ -160,15 +160,17 @@ class GpuTable:
     cuda_load_ms: PositiveFloat = 500.0
     """What the scheduler counts for loading a model onto a real GPU (session creation)."""
     warmup: bool = True
-    """A real GPU executor runs each model on zeros at every batch size up to its max_batch_size
-    before it says it is ready (Triton's model warm-up), so that cuDNN's algorithm search for each
-    new input shape is not paid by the first requests nor learnt as l(b). Models with a free
+    """A real GPU executor runs each model on zeros at each batch size it will see (batch_shapes)
+    before it says it is ready (Triton's model warm-up), so that loading CUDA's kernels and
+    planning the convolutions of each size are not paid by the first requests nor learnt as l(b)
+    (up to 600 ms for a CNN's first batch on an H200). A model that fails on zeros is served
+    unwarmed. Models with a free
     dimension besides the batch are not warmed (their shapes come from requests), nor any model
     where memory_mb makes GPU memory a cache (it holds no session at start)."""
     batch_shapes: Literal["fixed", "exact"] = "fixed"
     """fixed: a real GPU runs each model at a few batch sizes (the powers of two below its
     max_batch_size, and that), a batch padded with zero rows to the next, one ONNX Runtime session
-    (one copy of the weights) per size: the CUDA provider re-plans a convolution whenever its
+    (its own copy of the weights and memory arena) per size: the CUDA provider re-plans a convolution whenever its
     input shape changes (21-42 ms a batch on an H200 against 0.1-0.4 ms for the batch), and a
     dynamic batcher's sizes change nearly every batch (executors/batch_shapes.py). exact: one
     session, each batch at its own size. Models with another free dimension than the batch, or
