@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
+from gateway_ready import wait_ready
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -66,15 +66,7 @@ def one_run(variant: str, args: argparse.Namespace, folder: Path) -> dict:
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{PORT}"
-        for _ in range(120):
-            try:
-                if requests.get(f"{base}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise SystemExit("the gateway was not ready within 60 s")
+        wait_ready(base, server, timeout_s=60)
         time.sleep(1.0)
         load_began = time.time()
         output = folder / f"{variant}-bench.json"

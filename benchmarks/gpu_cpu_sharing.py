@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import requests
+from gateway_ready import wait_ready
 
 from schedulers.gpu import DEFAULT_POLICY
 
@@ -72,12 +72,7 @@ cpu = {{ cores = 1.0, threads = 1 }}
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if requests.get(f"{base}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.1)
+        wait_ready(base, process, timeout_s=60)
         body = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
         latencies: list[float] = []
         where: list[str] = []

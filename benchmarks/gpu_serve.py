@@ -31,6 +31,7 @@ import aiohttp
 import numpy as np
 import orjson
 import uvloop
+from gateway_ready import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"mlp": [1, 512], "cnn_small": [1, 3, 32, 32]}
@@ -122,21 +123,14 @@ cpu = {{ cores = 1.0, threads = 1 }}
         cwd=ROOT,
     )
     base = f"http://127.0.0.1:{port}"
-    launched = time.perf_counter()
     try:
         import requests
 
-        for _ in range(600):
-            try:
-                if requests.get(f"{base}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if process.poll() is not None:
-                print((folder / "gateway.log").read_text()[-3000:])
-                return 1
-            time.sleep(0.2)
-        ready_s = time.perf_counter() - launched
+        try:
+            ready_s = wait_ready(base, process, folder / "gateway.log")
+        except RuntimeError as error:
+            print(error, file=sys.stderr)
+            return 1
         executors = requests.get(f"{base}/admin/models/{next(iter(MODELS))}", timeout=10).json()["executors"]
         gpu_providers = {e["provider"] for e in executors if e["id"].startswith("gpu")}
         if gpu_providers != {"CUDAExecutionProvider"}:

@@ -68,6 +68,7 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from gateway_ready import wait_ready  # noqa: E402
 from serving import median_ms  # noqa: E402
 
 ROOT = HERE.parent
@@ -298,16 +299,7 @@ def serve_and_drive(
         return {name: requests.get(f"{base}/admin/models/{name}/history", timeout=10).json()["history"] for name in names}
 
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"{base}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"gateway did not start; see {log_path}")
-            time.sleep(0.2)
+        wait_ready(base, process, log_path)
         before = models()
         # perf_counter is CLOCK_MONOTONIC on Linux, the clock of the gateway's history ("t")
         start = time.perf_counter() + 0.05
