@@ -3,7 +3,7 @@
 ONNX Runtime's CUDA convolution (``Conv::UpdateState``, cuDNN 9's frontend) keeps the plan of
 the last input shape only: a batch whose shape differs from the one before builds a new plan,
 and under ``cudnn_conv_algo_search = EXHAUSTIVE`` times the candidate kernels to do it. On an
-H200 that cost 21-42 ms a batch for the example zoo's CNNs (4-8 ms under HEURISTIC), against
+H200 that cost 21-48 ms a batch for the example zoo's CNNs (4-8 ms under HEURISTIC), against
 0.1-0.4 ms for the batch itself once planned (docs/BENCHMARKS.md, "GPU batches whose size
 changes"), and a dynamic batcher's sizes change nearly every batch.
 

@@ -1,6 +1,6 @@
 """A real GPU runs each model at fixed batch sizes, a batch padded with zero rows to the next.
 
-ONNX Runtime's CUDA convolution re-plans whenever its input shape changes (21-42 ms a batch on
+ONNX Runtime's CUDA convolution re-plans whenever its input shape changes (21-48 ms a batch on
 an H200 against 0.1-0.4 ms for the batch: docs/BENCHMARKS.md), so the GPU executor keeps one
 session per size (executors/batch_shapes.py). These tests run it on the CPU, where the padding,
 the slicing and the choice of session are the same; benchmarks/gpu_serve.py measures it on a GPU.

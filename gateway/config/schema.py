@@ -171,7 +171,7 @@ class GpuTable:
     """fixed: a real GPU runs each model at a few batch sizes (the powers of two below its
     max_batch_size, and that), a batch padded with zero rows to the next, one ONNX Runtime session
     (its own copy of the weights and memory arena) per size: the CUDA provider re-plans a convolution whenever its
-    input shape changes (21-42 ms a batch on an H200 against 0.1-0.4 ms for the batch), and a
+    input shape changes (21-48 ms a batch on an H200 against 0.1-0.4 ms for the batch), and a
     dynamic batcher's sizes change nearly every batch (executors/batch_shapes.py). exact: one
     session, each batch at its own size. Models with another free dimension than the batch, or
     outputs without one, run exact either way, and so does every model where memory_mb makes GPU
