@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from executors.limits import Actuator
 
 log = logging.getLogger("executors")
 
-# How long a launch may take to load its models and say hello (a large model on a slow disk).
+# How long a launch may go without saying hello or printing a line (a large model on a slow
+# disk): a GPU executor opens a session per batch size and warms each up first, which for many
+# large models takes longer, and it prints a line per model as it goes.
 START_TIMEOUT_S = 120.0
 # Restart backoff: first retry quickly, back off while it keeps failing, reset once it has run
 # for a while. The values are the usual ones of process supervisors (systemd, supervisord).
@@ -100,6 +103,8 @@ class SupervisedExecutor(abc.ABC):
         self.signatures: dict[str, Any] = {}
         self.provider: str | None = None
         self.output_tail: collections.deque[str] = collections.deque(maxlen=30)
+        # When the executor last printed a line (time.monotonic), where the backend relays its output.
+        self.last_output_at: float | None = None
         self._connection: ExecutorConnection | None = None
         self._accepted: asyncio.Queue[ExecutorConnection] = asyncio.Queue()
         self._server: asyncio.AbstractServer | None = None
@@ -282,6 +287,19 @@ class SupervisedExecutor(abc.ABC):
         except psutil.Error:
             return None
 
+    async def _until_hello_or_quiet(self, exited: asyncio.Future[str], accepted: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
+        """Wait for the launch's hello (or its exit) while it keeps printing: what is done, or
+        nothing once it has been quiet for START_TIMEOUT_S."""
+        began = time.monotonic()
+        while True:
+            quiet_since = max(began, self.last_output_at or began)
+            remaining = START_TIMEOUT_S - (time.monotonic() - quiet_since)
+            if remaining <= 0:
+                return set()
+            done, _ = await asyncio.wait({exited, accepted}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return done
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             connection = await asyncio.wait_for(ExecutorConnection.accept(reader, writer), START_TIMEOUT_S)
@@ -315,10 +333,10 @@ class SupervisedExecutor(abc.ABC):
                 continue
             exited = asyncio.ensure_future(self._wait_exit(handle))
             accepted = asyncio.ensure_future(self._accepted.get())
-            done, _ = await asyncio.wait({exited, accepted}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+            done = await self._until_hello_or_quiet(exited, accepted)
             if accepted not in done:
                 accepted.cancel()
-                how = exited.result() if exited in done else f"no hello within {START_TIMEOUT_S:.0f} s"
+                how = exited.result() if exited in done else f"no hello and no output for {START_TIMEOUT_S:.0f} s"
                 await self._kill(handle)
                 message = f"executor {self.id} failed to start: {how}\n" + "\n".join(self.output_tail)
                 if not first_start.done():

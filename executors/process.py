@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from executors.lifecycle import SupervisedExecutor
@@ -55,6 +56,7 @@ class ProcessExecutor(SupervisedExecutor):
         async for raw in process.stdout:
             line = raw.decode(errors="replace").rstrip()
             self.output_tail.append(line)
+            self.last_output_at = time.monotonic()
             log.info("[%s] %s", self.id, line)
 
     async def _wait_exit(self, handle: asyncio.subprocess.Process) -> str:

@@ -313,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     def reopen(name: str) -> ort.InferenceSession:
         return open_session(paths[name], args.threads, args.provider, args.device_id, args.cudnn_conv_algo_search)
 
-    sessions: dict[str, Any] = {name: reopen(name) for name in paths}
+    sessions: dict[str, Any] = {}
+    for name in paths:
+        began = time.perf_counter()
+        sessions[name] = reopen(name)
+        if args.provider == "cuda":  # a progress line: the gateway waits for the hello while lines come
+            log.info("%s: session opened in %.1f s", name, time.perf_counter() - began)
     fix_batch_sizes(sessions, dict(_name_and_number(item) for item in args.fixed_batches), reopen)
     warmed = warm_up_models(sessions, dict(_name_and_number(item) for item in args.warmup))
     emulate = {}
