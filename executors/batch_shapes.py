@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from executors.tensors import KSERVE_TO_NUMPY, describe
+
 
 def batch_sizes(max_batch: int) -> list[int]:
     """The sizes a batch is padded to: 1, 2, 4, ... below ``max_batch``, and ``max_batch``."""
@@ -34,18 +36,33 @@ def batch_sizes(max_batch: int) -> list[int]:
     return sizes
 
 
+def why_not_on_zeros(session: ort.InferenceSession) -> str | None:
+    """Why a model cannot be run on zeros of shapes known ahead (None: it can): an input with a
+    free dimension besides a leading batch one (its shapes come from requests), or of strings or
+    another type without a numpy dtype."""
+    for spec in describe(session)["inputs"]:
+        if -1 in spec["shape"][1:]:
+            return f"input {spec['name']} has a free dimension besides the batch: {spec['shape']}"
+        if spec["datatype"] not in KSERVE_TO_NUMPY or spec["datatype"] == "BYTES":
+            return f"input {spec['name']} is {spec['datatype']}"
+    return None
+
+
 def why_not_fixed(session: ort.InferenceSession) -> str | None:
-    """Why a model cannot run at fixed batch sizes (None: it can): every input and output must
-    have a free leading batch dimension and no other, and inputs must be numbers (padded with 0)."""
-    for kind, args in (("input", session.get_inputs()), ("output", session.get_outputs())):
-        for arg in args:
-            shape = list(arg.shape or [])
-            if not shape or isinstance(shape[0], int):
-                return f"{kind} {arg.name} has no free batch dimension: {shape}"
-            if any(not isinstance(dim, int) for dim in shape[1:]):
-                return f"{kind} {arg.name} has a free dimension besides the batch: {shape}"
-    strings = [arg.name for arg in session.get_inputs() if arg.type == "tensor(string)"]
-    return f"input {strings[0]} is strings" if strings else None
+    """Why a model cannot run at fixed batch sizes (None: it can): its inputs must run on zeros
+    (``why_not_on_zeros``: a batch is padded with them), and every input and output must have a
+    free leading batch dimension and no other."""
+    reason = why_not_on_zeros(session)
+    if reason:
+        return reason
+    signature = describe(session)
+    for kind in ("input", "output"):
+        for spec in signature[f"{kind}s"]:
+            if spec["shape"][:1] != [-1]:
+                return f"{kind} {spec['name']} has no free batch dimension: {spec['shape']}"
+            if -1 in spec["shape"][1:]:
+                return f"{kind} {spec['name']} has a free dimension besides the batch: {spec['shape']}"
+    return None
 
 
 class FixedBatchSession:

@@ -8,6 +8,7 @@ same layout, so a tensor is never turned into JSON inside the system.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -127,3 +128,16 @@ def tensor_from_bytes(buffer: bytes | memoryview, datatype: str, shape: list[int
     if len(buffer) != expected:
         raise TensorDecodeError(f"{datatype} tensor of shape {list(shape)} needs {expected} bytes, got {len(buffer)}")
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def describe(session: Any) -> dict[str, Any]:
+    """Inputs and outputs of an ONNX Runtime session: name, KServe datatype, shape with -1 for free dims."""
+
+    def spec(arg: Any) -> dict[str, Any]:
+        shape = [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in (arg.shape or [])]
+        return {"name": arg.name, "datatype": ONNX_TO_KSERVE.get(arg.type, arg.type), "shape": shape}
+
+    return {
+        "inputs": [spec(arg) for arg in session.get_inputs()],
+        "outputs": [spec(arg) for arg in session.get_outputs()],
+    }

@@ -24,26 +24,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from executors.batch_shapes import FixedBatchSession, why_not_fixed
-from executors.tensors import KSERVE_TO_NUMPY, ONNX_TO_KSERVE
+from executors.batch_shapes import FixedBatchSession, why_not_fixed, why_not_on_zeros
+from executors.tensors import KSERVE_TO_NUMPY, describe
 from executors.wire import encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
 
 log = logging.getLogger("executors.worker")
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-
-
-def describe(session: ort.InferenceSession) -> dict[str, Any]:
-    """Inputs and outputs of a session: name, KServe datatype, shape with -1 for free dims."""
-
-    def spec(arg: Any) -> dict[str, Any]:
-        shape = [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in (arg.shape or [])]
-        return {"name": arg.name, "datatype": ONNX_TO_KSERVE.get(arg.type, arg.type), "shape": shape}
-
-    return {
-        "inputs": [spec(arg) for arg in session.get_inputs()],
-        "outputs": [spec(arg) for arg in session.get_outputs()],
-    }
 
 
 def load_cuda_libraries() -> None:
@@ -87,12 +74,10 @@ def warm_up(session: ort.InferenceSession | FixedBatchSession, max_batch: int) -
     l(b). Returns the batch sizes run, the milliseconds it took and, where the model was not
     warmed, why: an input with another free dimension than the batch (its shapes are only known
     from requests), of strings, or a model that fails on zeros."""
+    reason = why_not_on_zeros(session)
+    if reason:
+        return [], 0.0, reason
     inputs = describe(session)["inputs"]
-    for spec in inputs:
-        if -1 in spec["shape"][1:]:
-            return [], 0.0, f"input {spec['name']} has a free dimension besides the batch: {spec['shape']}"
-        if spec["datatype"] not in KSERVE_TO_NUMPY or spec["datatype"] == "BYTES":
-            return [], 0.0, f"input {spec['name']} is {spec['datatype']}"
     # An input without a free batch dimension takes its own shape at every size; a model with no
     # such dimension anywhere takes one shape only.
     batched = {spec["name"]: spec["shape"][:1] == [-1] for spec in inputs}
@@ -254,10 +239,9 @@ def load_model(
         time.sleep(max(0.0, float(header.get("load_ms", 0.0)) - took_ms) / 1000)
 
 
-def _name_and_number(item: str) -> tuple[str, int]:
-    """NAME=N of a command-line option."""
-    name, _, number = item.partition("=")
-    return name, int(number)
+def _named(items: list[str]) -> dict[str, str]:
+    """NAME=VALUE options, by name."""
+    return dict(item.partition("=")[::2] for item in items)
 
 
 def fix_batch_sizes(
@@ -308,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.provider == "cuda":
         load_cuda_libraries()
-    paths = dict(item.partition("=")[::2] for item in args.model)
+    paths = _named(args.model)
 
     def reopen(name: str) -> ort.InferenceSession:
         return open_session(paths[name], args.threads, args.provider, args.device_id, args.cudnn_conv_algo_search)
@@ -319,11 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         sessions[name] = reopen(name)
         if args.provider == "cuda":  # a progress line: the gateway waits for the hello while lines come
             log.info("%s: session opened in %.1f s", name, time.perf_counter() - began)
-    fix_batch_sizes(sessions, dict(_name_and_number(item) for item in args.fixed_batches), reopen)
-    warmed = warm_up_models(sessions, dict(_name_and_number(item) for item in args.warmup))
+    fix_batch_sizes(sessions, {name: int(n) for name, n in _named(args.fixed_batches).items()}, reopen)
+    warmed = warm_up_models(sessions, {name: int(n) for name, n in _named(args.warmup).items()})
     emulate = {}
-    for item in args.emulate:
-        name, _, numbers = item.partition("=")
+    for name, numbers in _named(args.emulate).items():
         per_item, fixed = (float(x) for x in numbers.split(","))
         emulate[name] = (per_item, fixed)
     sock = connect(args.connect)

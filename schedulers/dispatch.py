@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from schedulers.admission import admissible
@@ -151,6 +151,12 @@ class ExecutorState:
     def free_at(self, now: float) -> float:
         last = self.last
         return now if last is None else max(now, last.expected_end)
+
+
+def _stacking(requests: Sequence[Request]) -> Iterator[Request]:
+    """The leading requests whose inputs stack with the first's (its batch key): one batch."""
+    first_key = requests[0].batch_key
+    return itertools.takewhile(lambda r: r.batch_key == first_key, requests)
 
 
 def _awaits_next(end: float, batch_id: int, gpu: ExecutorState) -> bool:
@@ -849,8 +855,7 @@ class DispatchCore:
     @staticmethod
     def _stacked_rows(requests: list[Request]) -> int:
         """The rows of the batch ``_take`` makes of ``requests``: those that stack with the first."""
-        first_key = requests[0].batch_key
-        return sum(r.rows for r in itertools.takewhile(lambda r: r.batch_key == first_key, requests))
+        return sum(r.rows for r in _stacking(requests))
 
     def _take(self, state: ModelState, decision: Dispatch) -> list[Request]:
         """Take the dispatched requests out of the queue (those skipped at its head stay in front).
@@ -860,10 +865,9 @@ class DispatchCore:
         """
         queue = state.queue
         skipped = [queue.popleft() for _ in range(decision.skip)]
-        first_key = decision.requests[0].batch_key
         batch = []
-        for request in decision.requests:
-            if not queue or queue[0] is not request or request.batch_key != first_key:
+        for request in _stacking(decision.requests):
+            if not queue or queue[0] is not request:
                 break
             batch.append(queue.popleft())
         for request in reversed(skipped):

@@ -110,6 +110,15 @@ def write_config(path: Path, models: dict[str, dict], node_cores: float = 2.0) -
     return path
 
 
+def write_gpu_config(folder: Path, gpu_table: str, gpus: tuple[int, ...] = (0,)) -> Path:
+    """A config of the MLP (max batch 6) in ``folder`` on real GPUs ``gpus``, with ``gpu_table``'s
+    lines in [gpu]."""
+    model = "[models.mlp]\npath = 'mlp.onnx'\nsla_ms = 50\nmax_batch_size = 6\n"
+    path = folder / "config.toml"
+    path.write_text(f"[node]\ncpu_cores = 1.0\ngpus = {list(gpus)}\n[gpu]\n{gpu_table}\n{model}")
+    return path
+
+
 def save_model(graph: onnx.GraphProto, path: Path) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)

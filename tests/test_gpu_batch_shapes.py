@@ -16,6 +16,7 @@ from executors.process import ProcessExecutor
 from executors.worker import fix_batch_sizes, open_session
 from gateway.config import load_config
 from gateway.node import build_node_executors
+from tests.helpers import write_gpu_config
 
 
 @pytest.mark.parametrize(
@@ -101,10 +102,7 @@ async def test_the_gpu_executor_answers_a_padded_batch_with_its_own_rows(example
 
 
 def _node(tmp_models, gpu: str):
-    path = tmp_models / "config.toml"
-    model = "[models.mlp]\npath = 'mlp.onnx'\nsla_ms = 50\nmax_batch_size = 6\n"
-    path.write_text(f"[node]\ncpu_cores = 1.0\ngpus = [0]\n[gpu]\n{gpu}\n{model}")
-    return build_node_executors(load_config(path), tmp_models)
+    return build_node_executors(load_config(write_gpu_config(tmp_models, gpu)), tmp_models)
 
 
 def test_real_gpu_executors_run_fixed_batch_sizes_unless_told_exact(tmp_models):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -21,6 +20,7 @@ from executors.process import ProcessExecutor
 from executors.worker import open_session, warm_up
 from gateway.config import ConfigError, load_config
 from gateway.node import build_node_executors
+from tests.helpers import save_model, write_gpu_config
 
 
 def test_warm_up_runs_every_batch_size_of_a_model_with_fixed_shapes(example_models):
@@ -46,7 +46,7 @@ def test_an_input_without_a_batch_dimension_keeps_its_shape_at_every_size(tmp_pa
         ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "mixed.onnx")
+    save_model(graph, tmp_path / "mixed.onnx")
     sizes, _, skipped = warm_up(open_session(str(tmp_path / "mixed.onnx"), 1, "cpu", 0), 3)
     assert sizes == [1, 2, 3] and skipped is None
 
@@ -83,21 +83,7 @@ async def test_the_executor_reports_the_warm_up_in_its_hello(example_models, tmp
 
 
 def _config(tmp_models, gpu: str):
-    path = tmp_models / "config.toml"
-    path.write_text(
-        f"""
-[node]
-cpu_cores = 1.0
-gpus = [0, 1]
-[gpu]
-{gpu}
-[models.mlp]
-path = "mlp.onnx"
-sla_ms = 50
-max_batch_size = 6
-"""
-    )
-    return load_config(path)
+    return load_config(write_gpu_config(tmp_models, gpu, gpus=(0, 1)))
 
 
 def test_real_gpu_executors_warm_each_model_up_to_its_largest_batch(tmp_models):
