@@ -39,14 +39,15 @@ PORT = 8000  # examples/config.toml's
 
 def child(config: str, report: str, unfrozen: bool) -> int:
     """Serve ``config`` while recording each collection; at exit write them to ``report``."""
-    collections: list[tuple[float, int, float]] = []  # (time.time() at its end, generation, ms)
+    # (time.monotonic() at its end, generation, ms): CLOCK_MONOTONIC is one clock for every process.
+    collections: list[tuple[float, int, float]] = []
     began: list[float] = []
 
     def record(phase: str, info: dict) -> None:
         if phase == "start":
             began[:] = [time.perf_counter()]
         elif began:
-            collections.append((time.time(), info["generation"], (time.perf_counter() - began[0]) * 1000))
+            collections.append((time.monotonic(), info["generation"], (time.perf_counter() - began[0]) * 1000))
 
     def write() -> None:
         Path(report).write_text(json.dumps({"collections": collections, "frozen": gc.get_freeze_count()}))
@@ -68,14 +69,14 @@ def one_run(variant: str, args: argparse.Namespace, folder: Path) -> dict:
         base = f"http://127.0.0.1:{PORT}"
         wait_ready(base, server, timeout_s=60)
         time.sleep(1.0)
-        load_began = time.time()
+        load_began = time.monotonic()
         output = folder / f"{variant}-bench.json"
         subprocess.run(
             [sys.executable, "-m", "gateway.cli", "bench", base, "--model", args.model, "--rate", str(args.rate),
              "--duration", str(args.seconds), "--quiet", "--output", str(output)],
             cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        load_ended = time.time()
+        load_ended = time.monotonic()
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
