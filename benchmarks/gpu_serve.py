@@ -1,7 +1,7 @@
 """A short `gateway serve` run on a real GPU (ONNX Runtime's CUDA provider) beside CPU executors.
 
     python benchmarks/gpu_serve.py [--rate 400] [--seconds 10] [--no-warmup] [--cudnn-conv-algo-search exhaustive]
-                                   [--batch-shapes fixed]
+                                   [--batch-shapes fixed] [--against-stub]
 
 Two models of the example zoo (mlp, cnn_small), one CPU executor each (1 core) and one GPU
 executor holding both, the default GPU policy, Poisson arrivals split evenly, batch-1 JSON.
@@ -9,14 +9,19 @@ Prints, per model: answers by status, where they ran, p50/p99 response time, and
 gateway measured on the GPU and on the CPU (GET /admin/models/NAME, "profiles"), and how long
 the gateway took to be ready and what the GPU executor's warm-up took ([gpu] warmup, on unless
 ``--no-warmup``). ``--batch-shapes`` and ``--cudnn-conv-algo-search`` set [gpu]'s keys of those
-names. Needs an NVIDIA GPU and onnxruntime-gpu; it says so and exits 2 without them.
+names. Beside the client's response times it prints the gateway's own count of requests over
+their SLA (gateway_sla_violations on /metrics, timed from when the gateway read the request) and
+the GPU memory each process holds (nvidia-smi). Needs an NVIDIA GPU and onnxruntime-gpu; it says
+so and exits 2 without them.
+
+``--against-stub`` runs the same client against a stub that answers every request at once,
+instead of the gateway: the client's own share of the response times, on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import shutil
 import signal
@@ -30,11 +35,15 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import orjson
+import psutil
 import uvloop
+from aiohttp import web
 from gateway_ready import wait_ready
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"mlp": [1, 512], "cnn_small": [1, 3, 32, 32]}
+SLA_MS = {"mlp": 50.0, "cnn_small": 100.0}
 
 
 def free_port() -> int:
@@ -43,12 +52,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def drive(base: str, rate: float, seconds: float) -> dict[str, list[tuple[int, str, float]]]:
+def request_body(shape: list[int], binary: bool) -> tuple[bytes, dict[str, str]]:
+    """A batch-1 infer request of 0.1s: the tensor as a JSON list, or as raw bytes after the JSON
+    header (the binary tensor extension, as tritonclient sends with binary_data=True)."""
+    values = np.full(shape, 0.1, dtype=np.float32)
+    tensor: dict = {"name": "x", "shape": shape, "datatype": "FP32"}
+    if not binary:
+        return orjson.dumps({"inputs": [{**tensor, "data": values.ravel().tolist()}]}), {}
+    header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": values.nbytes}}]})
+    headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+    return header + values.tobytes(), headers
+
+
+async def drive(base: str, rate: float, seconds: float, binary: bool = False) -> dict[str, list[tuple[int, str, float]]]:
     rng = random.Random(1)
-    bodies = {
-        name: json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": [0.1] * int(np.prod(shape))}]})
-        for name, shape in MODELS.items()
-    }
+    bodies = {name: request_body(shape, binary) for name, shape in MODELS.items()}
     arrivals, t = [], 0.0
     while (t := t + rng.expovariate(rate)) < seconds:
         arrivals.append((t, rng.choice(list(MODELS))))
@@ -56,7 +74,8 @@ async def drive(base: str, rate: float, seconds: float) -> dict[str, list[tuple[
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
 
         async def one(model: str, due: float) -> None:
-            async with session.post(f"{base}/v2/models/{model}/infer", data=bodies[model]) as response:
+            body, headers = bodies[model]
+            async with session.post(f"{base}/v2/models/{model}/infer", data=body, headers=headers) as response:
                 answer = orjson.loads(await response.read())
                 where = answer.get("parameters", {}).get("executed_on", "-") if response.status == 200 else "-"
                 # Timed from when it was due (no coordinated omission): the client's own lag counts.
@@ -72,6 +91,77 @@ async def drive(base: str, rate: float, seconds: float) -> dict[str, list[tuple[
     return results
 
 
+def serve_stub(port: int) -> None:
+    """Answer every infer request at once with a batch-1 output, as a gateway with no work would."""
+    answer = orjson.dumps({"outputs": [{"name": "y", "shape": [1, 10], "datatype": "FP32", "data": [0.0] * 10}]})
+
+    async def infer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type="application/json")
+
+    async def ready(_: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{name}/infer", infer)
+    app.router.add_get("/v2/health/ready", ready)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, loop=uvloop.new_event_loop())
+
+
+def late_counts(results: dict[str, list[tuple[int, str, float]]], sla_ms: dict[str, float]) -> dict[str, int]:
+    """Per model, the answers the client saw after the model's SLA."""
+    return {name: sum(1 for status, _, ms in rows if status == 200 and ms > sla_ms[name]) for name, rows in results.items()}
+
+
+def gateway_late_counts(metrics_text: str) -> dict[str, int]:
+    """Per model, the requests the gateway itself answered after their SLA (gateway_sla_violations)."""
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "gateway_sla_violations":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["model"]] = round(sample.value)
+    return counts
+
+
+def gpu_memory() -> str:
+    """The GPU memory each process holds, as nvidia-smi reports it."""
+    query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"]
+    try:
+        return subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip().replace("\n", "; ")
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"nvidia-smi failed: {error}"
+
+
+def print_results(results: dict[str, list[tuple[int, str, float]]], sla_ms: dict[str, float]) -> None:
+    late = late_counts(results, sla_ms)
+    for name, rows in results.items():
+        statuses: dict[int, int] = {}
+        for status, _, _ in rows:
+            statuses[status] = statuses.get(status, 0) + 1
+        ok = np.asarray([ms for status, _, ms in rows if status == 200]) if rows else np.zeros(1)
+        print(
+            f"{name}: {len(rows)} requests, statuses {statuses}, p50 {np.percentile(ok, 50):.2f} ms, "
+            f"p99 {np.percentile(ok, 99):.2f} ms, over {sla_ms[name]:g} ms (client) {late[name]}"
+        )
+
+
+def against_stub(rate: float, seconds: float, binary: bool) -> int:
+    port = free_port()
+    stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(port)])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, stub)
+        results = uvloop.run(drive(base, rate, seconds, binary))
+        tensors = "binary" if binary else "JSON"
+        print(f"rate {rate:g} req/s for {seconds:g} s, {tensors} tensors, against a stub answering at once (the client's share)")
+        print_results(results, SLA_MS)
+    finally:
+        stub.terminate()
+        stub.wait(timeout=10)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=400.0)
@@ -79,7 +169,15 @@ def main() -> int:
     parser.add_argument("--no-warmup", action="store_true", help="[gpu] warmup = false")
     parser.add_argument("--cudnn-conv-algo-search", choices=["exhaustive", "heuristic", "default"], default="exhaustive")
     parser.add_argument("--batch-shapes", choices=["fixed", "exact"], default="fixed")
+    parser.add_argument("--binary", action="store_true", help="send tensors as raw bytes (binary tensor extension)")
+    parser.add_argument("--against-stub", action="store_true", help="the client alone, against a stub")
+    parser.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_stub:
+        serve_stub(args.serve_stub)
+        return 0
+    if args.against_stub:
+        return against_stub(args.rate, args.seconds, args.binary)
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -105,12 +203,12 @@ batch_shapes = "{args.batch_shapes}"
 policy = "fixed"
 [models.mlp]
 path = "mlp.onnx"
-sla_ms = 50
+sla_ms = {SLA_MS["mlp"]:g}
 max_batch_size = 32
 cpu = {{ cores = 1.0, threads = 1 }}
 [models.cnn_small]
 path = "cnn_small.onnx"
-sla_ms = 100
+sla_ms = {SLA_MS["cnn_small"]:g}
 max_batch_size = 32
 cpu = {{ cores = 1.0, threads = 1 }}
 """
@@ -136,16 +234,22 @@ cpu = {{ cores = 1.0, threads = 1 }}
         if gpu_providers != {"CUDAExecutionProvider"}:
             print(f"the GPU executor runs {gpu_providers}, not the CUDA provider: nothing to measure", file=sys.stderr)
             return 2
-        results = uvloop.run(drive(base, args.rate, args.seconds))
+        gateway = psutil.Process(process.pid)  # the gateway's own process: its executors are others
+        cpu_before = sum(gateway.cpu_times()[:2])
+        results = uvloop.run(drive(base, args.rate, args.seconds, args.binary))
+        gateway_cpu_s = sum(gateway.cpu_times()[:2]) - cpu_before
         warmup = "off" if args.no_warmup else "on"
         print(
             f"rate {args.rate:g} req/s for {args.seconds:g} s, default GPU policy, CUDA provider, "
-            f"batch shapes {args.batch_shapes}, cuDNN search {args.cudnn_conv_algo_search}, warm-up {warmup}; "
+            f"{'binary' if args.binary else 'JSON'} tensors, batch shapes {args.batch_shapes}, "
+            f"cuDNN search {args.cudnn_conv_algo_search}, warm-up {warmup}; "
             f"ready after {ready_s:.1f} s"
         )
         for line in (folder / "gateway.log").read_text().splitlines():
             if "GPU executor" in line or "profile l(b)" in line:
                 print("  log:", line.split("] ", 1)[-1] if "] " in line else line)
+        client_late = late_counts(results, SLA_MS)
+        gateway_late = gateway_late_counts(requests.get(f"{base}/metrics", timeout=10).text)
         for name, rows in results.items():
             admin = requests.get(f"{base}/admin/models/{name}", timeout=10).json()
             statuses: dict[int, int] = {}
@@ -158,8 +262,15 @@ cpu = {{ cores = 1.0, threads = 1 }}
             print(
                 f"{name}: SLA {admin['sla_ms']:g} ms, {len(rows)} requests, statuses {statuses}, ran on {places}, "
                 f"p50 {np.percentile(ok, 50):.2f} ms, p99 {np.percentile(ok, 99):.2f} ms, "
+                f"over SLA: client {client_late[name]}, gateway {gateway_late.get(name, 0)}, "
                 f"executors {[(e['id'], e['provider']) for e in admin['executors']]}, profiles {profiles}"
             )
+        answered = sum(len(rows) for rows in results.values())
+        print(
+            f"gateway process CPU: {gateway_cpu_s:.2f} s while sending, "
+            f"{gateway_cpu_s / max(answered, 1) * 1000:.3f} ms a request"
+        )
+        print("GPU memory:", gpu_memory())
     finally:
         process.send_signal(signal.SIGTERM)
         try:
