@@ -32,6 +32,7 @@ import os
 import socket
 import sys
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ from executors.lifecycle import ExecutorStartError, SupervisedExecutor
 from executors.limits import CFS_PERIOD_US, quota_cores, quota_us
 
 log = logging.getLogger("executors")
+# How long an exited container's output may take to reach the gateway before it says how it ended.
+RELAY_JOIN_S = 2.0
 
 HOST_RUNTIME_IMAGE = "sla-gateway-executor:host"
 LABEL = "sla-gateway.executor"
@@ -164,6 +167,7 @@ class DockerExecutor(SupervisedExecutor):
         self.container: Container | None = None
         self._launches = 0
         self._resize: asyncio.Task[None] | None = None
+        self._relay: threading.Thread | None = None  # follows the container's output
 
     # -- launching --------------------------------------------------------------------------
     @property
@@ -220,9 +224,30 @@ class DockerExecutor(SupervisedExecutor):
             options["device_requests"] = [docker.types.DeviceRequest(device_ids=[device_id], capabilities=[["gpu"]])]
         container = await self.docker.call(self.docker.client.containers.run, self.docker.image, **options)
         self.container = container
+        self._relay = threading.Thread(
+            target=self._relay_output, args=(container, asyncio.get_running_loop()), name=f"logs-{self.id}", daemon=True
+        )
+        self._relay.start()
         log.info("executor %s: started container %s (%s) for %s on %s", self.id, container.name,
                  container.short_id, ", ".join(self.models), self.device)  # fmt: skip
         return container
+
+    def _relay_output(self, container: Container, loop: asyncio.AbstractEventLoop) -> None:
+        """Relay each line the container prints to the event loop (``_output_line``), as the
+        process backend relays its pipe. In a thread of its own: the SDK's log stream blocks for
+        the container's whole life (and has no read timeout, so a quiet spell does not end it)."""
+        pending = b""
+        try:
+            for chunk in container.logs(stream=True, follow=True):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    loop.call_soon_threadsafe(self._output_line, line.decode(errors="replace").rstrip())
+            if pending:
+                loop.call_soon_threadsafe(self._output_line, pending.decode(errors="replace").rstrip())
+        except RuntimeError:  # the event loop closed first: the gateway is gone
+            pass
+        except Exception as error:  # the container or the daemon went away: its output ends with it
+            log.debug("executor %s: stopped following the container's output: %s", self.id, error)
 
     async def _wait_exit(self, handle: Container) -> str:
         try:
@@ -231,11 +256,9 @@ class DockerExecutor(SupervisedExecutor):
             return "container removed"
         except docker.errors.DockerException as error:
             return f"lost track of the container: {error}"
-        try:
-            logs = await self.docker.call(handle.logs, tail=30)
-            self.output_tail.extend(logs.decode(errors="replace").splitlines())
-        except docker.errors.DockerException:
-            pass
+        # The stream ends with the container: its last lines are in output_tail before we say how it ended.
+        if self._relay is not None:
+            await self.docker.call(self._relay.join, RELAY_JOIN_S)
         code = status.get("StatusCode")
         try:
             await self.docker.call(handle.reload)

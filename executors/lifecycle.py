@@ -287,6 +287,13 @@ class SupervisedExecutor(abc.ABC):
         except psutil.Error:
             return None
 
+    def _output_line(self, line: str) -> None:
+        """A line the executor printed: kept for a failure's message, logged, and the launch's
+        proof of life while it has not said hello (``_until_hello_or_quiet``)."""
+        self.output_tail.append(line)
+        self.last_output_at = time.monotonic()
+        log.info("[%s] %s", self.id, line)
+
     async def _until_hello_or_quiet(self, exited: asyncio.Future[str], accepted: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
         """Wait for the launch's hello (or its exit) while it keeps printing: what is done, or
         nothing once it has been quiet for START_TIMEOUT_S."""

@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from executors.lifecycle import SupervisedExecutor
@@ -54,10 +53,7 @@ class ProcessExecutor(SupervisedExecutor):
     async def _relay_output(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         async for raw in process.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            self.output_tail.append(line)
-            self.last_output_at = time.monotonic()
-            log.info("[%s] %s", self.id, line)
+            self._output_line(raw.decode(errors="replace").rstrip())
 
     async def _wait_exit(self, handle: asyncio.subprocess.Process) -> str:
         code = await handle.wait()

@@ -22,9 +22,12 @@ import pytest
 import requests
 import tritonclient.http as triton
 
-from executors.container import LABEL, OWNER_LABEL
+import executors.lifecycle
+from executors.container import LABEL, OWNER_LABEL, DockerBackend, DockerExecutor
+from executors.lifecycle import ExecutorStartError
 from tests.helpers import ROOT, busy_model, fixed_shape_model, run_gateway
 from tests.test_executor_crash import BODY, _load
+from tests.test_executor_start_deadline import KIND, delayed
 from tests.test_quota import flood
 from tests.test_serve_examples import direct_run
 
@@ -236,3 +239,38 @@ def test_a_gpu_container_without_the_nvidia_runtime_is_a_clear_error(client, tmp
     assert process.returncode == 1, stderr
     assert "needs gpu:0 in a container, but this Docker daemon has no NVIDIA runtime" in stderr
     assert owned_by(client, process.pid) == []  # the CPU executor's container went with it
+
+
+@pytest.fixture
+def docker_backend(client):
+    backend = DockerBackend()
+    backend.connect()
+    yield backend
+    backend.close()
+
+
+async def test_a_container_printing_while_it_starts_is_waited_for(docker_backend, monkeypatch, example_models, tmp_path):
+    """The container's output is followed as a process's pipe is: with a start deadline of 1 s, a
+    container whose worker starts 3 s late, printing all along, is waited for; its lines reach
+    the executor's output (and the gateway's log)."""
+    monkeypatch.setattr(executors.lifecycle, "START_TIMEOUT_S", 1.0)
+    executor = DockerExecutor(
+        "slow-docker", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend
+    )
+    delayed(executor, printing=True)
+    await executor.start()
+    try:
+        assert executor.ready and "loading 9" in executor.output_tail
+    finally:
+        await executor.stop()
+
+
+async def test_a_silent_container_is_given_up_after_the_start_deadline(docker_backend, monkeypatch, example_models, tmp_path):
+    monkeypatch.setattr(executors.lifecycle, "START_TIMEOUT_S", 1.0)
+    executor = DockerExecutor(
+        "mute-docker", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend
+    )
+    delayed(executor, printing=False)
+    with pytest.raises(ExecutorStartError, match="no hello and no output for 1 s"):
+        await executor.start()
+    await executor.stop()
