@@ -47,6 +47,9 @@ from executors.limits import CFS_PERIOD_US, quota_cores, quota_us
 log = logging.getLogger("executors")
 # How long an exited container's output may take to reach the gateway before it says how it ended.
 RELAY_JOIN_S = 2.0
+# Threads for the Docker SDK's blocking calls (a container's wait blocks one for its whole life),
+# and connections kept open to the daemon.
+POOL_THREADS = 64
 
 HOST_RUNTIME_IMAGE = "sla-gateway-executor:host"
 LABEL = "sla-gateway.executor"
@@ -97,12 +100,14 @@ class DockerBackend:
         self.nvidia = False
         # Waiting for a container to exit blocks a thread for its whole life: one each, not the
         # event loop's small default pool.
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="docker")
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="docker")
 
     def connect(self) -> None:
         """Reach the daemon, make sure the image exists, and remove a crashed run's containers."""
         try:
-            self.client = docker.from_env(timeout=30)
+            # Each container holds two of the daemon's connections for its life (its wait and its
+            # log stream): keep as many as the pool has threads, not the SDK's 10.
+            self.client = docker.from_env(timeout=30, max_pool_size=POOL_THREADS)
             self.client.ping()
             info = self.client.info()
         except docker.errors.DockerException as error:
