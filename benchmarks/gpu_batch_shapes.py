@@ -46,8 +46,9 @@ async def run(shapes: str, search: str, batches: int, gap_ms: float) -> list[dic
         threads=1,
         cores=1.0,
         socket_dir=Path(tempfile.mkdtemp(prefix="gpu-shapes-")),
-        warmup=largest,
-        fixed_batches=largest if shapes == "fixed" else None,
+        gpu_batches=largest,
+        warmup=True,
+        fixed_batch_shapes=shapes == "fixed",
         cudnn_conv_algo_search=search,
     )
     await executor.start()

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -108,9 +109,16 @@ def serve_stub(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, loop=uvloop.new_event_loop())
 
 
-def late_counts(results: dict[str, list[tuple[int, str, float]]], sla_ms: dict[str, float]) -> dict[str, int]:
-    """Per model, the answers the client saw after the model's SLA."""
-    return {name: sum(1 for status, _, ms in rows if status == 200 and ms > sla_ms[name]) for name, rows in results.items()}
+def summary(rows: list[tuple[int, str, float]], sla_ms: float) -> tuple[str, int]:
+    """The client's view of a model's requests: answers by status, p50 / p99 of those answered, and
+    how many of them came after ``sla_ms``."""
+    statuses = dict(Counter(status for status, _, _ in rows))
+    answered = np.asarray([ms for status, _, ms in rows if status == 200])
+    late = int((answered > sla_ms).sum())
+    if not answered.size:
+        answered = np.zeros(1)
+    p50, p99 = np.percentile(answered, [50, 99])
+    return f"{len(rows)} requests, statuses {statuses}, p50 {p50:.2f} ms, p99 {p99:.2f} ms", late
 
 
 def gateway_late_counts(metrics_text: str) -> dict[str, int]:
@@ -134,16 +142,9 @@ def gpu_memory() -> str:
 
 
 def print_results(results: dict[str, list[tuple[int, str, float]]], sla_ms: dict[str, float]) -> None:
-    late = late_counts(results, sla_ms)
     for name, rows in results.items():
-        statuses: dict[int, int] = {}
-        for status, _, _ in rows:
-            statuses[status] = statuses.get(status, 0) + 1
-        ok = np.asarray([ms for status, _, ms in rows if status == 200]) if rows else np.zeros(1)
-        print(
-            f"{name}: {len(rows)} requests, statuses {statuses}, p50 {np.percentile(ok, 50):.2f} ms, "
-            f"p99 {np.percentile(ok, 99):.2f} ms, over {sla_ms[name]:g} ms (client) {late[name]}"
-        )
+        text, late = summary(rows, sla_ms[name])
+        print(f"{name}: {text}, over {sla_ms[name]:g} ms (client) {late}")
 
 
 def against_stub(rate: float, seconds: float, binary: bool) -> int:
@@ -248,21 +249,15 @@ cpu = {{ cores = 1.0, threads = 1 }}
         for line in (folder / "gateway.log").read_text().splitlines():
             if "GPU executor" in line or "profile l(b)" in line:
                 print("  log:", line.split("] ", 1)[-1] if "] " in line else line)
-        client_late = late_counts(results, SLA_MS)
         gateway_late = gateway_late_counts(requests.get(f"{base}/metrics", timeout=10).text)
         for name, rows in results.items():
             admin = requests.get(f"{base}/admin/models/{name}", timeout=10).json()
-            statuses: dict[int, int] = {}
-            places: dict[str, int] = {}
-            for status, where, _ in rows:
-                statuses[status] = statuses.get(status, 0) + 1
-                places[where] = places.get(where, 0) + 1
-            ok = np.asarray([ms for status, _, ms in rows if status == 200]) if rows else np.zeros(1)
+            text, late = summary(rows, SLA_MS[name])
+            places = dict(Counter(where for _, where, _ in rows))
             profiles = {d: f"l(b) = {p['per_item_ms']:.3f} b + {p['fixed_ms']:.3f} ms" for d, p in admin["profiles"].items()}
             print(
-                f"{name}: SLA {admin['sla_ms']:g} ms, {len(rows)} requests, statuses {statuses}, ran on {places}, "
-                f"p50 {np.percentile(ok, 50):.2f} ms, p99 {np.percentile(ok, 99):.2f} ms, "
-                f"over SLA: client {client_late[name]}, gateway {gateway_late.get(name, 0)}, "
+                f"{name}: SLA {admin['sla_ms']:g} ms, {text}, ran on {places}, "
+                f"over SLA: client {late}, gateway {gateway_late.get(name, 0)}, "
                 f"executors {[(e['id'], e['provider']) for e in admin['executors']]}, profiles {profiles}"
             )
         answered = sum(len(rows) for rows in results.values())

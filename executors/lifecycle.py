@@ -71,9 +71,10 @@ class SupervisedExecutor(abc.ABC):
         memory_mb: float | None = None,
         on_change: Callable[[], None] = lambda: None,
         model_cache: bool = False,
-        warmup: Mapping[str, int] | None = None,
+        gpu_batches: Mapping[str, int] | None = None,
+        warmup: bool = False,
+        fixed_batch_shapes: bool = False,
         cudnn_conv_algo_search: str = "EXHAUSTIVE",
-        fixed_batches: Mapping[str, int] | None = None,
     ) -> None:
         self.id = executor_id
         self.models = models
@@ -88,13 +89,13 @@ class SupervisedExecutor(abc.ABC):
         # A GPU executor whose memory is a cache of models: it holds none at start, and LOADs
         # and UNLOADs them as each batch says (schedulers/gpu_memory.py).
         self.model_cache = model_cache
-        # A real GPU's models run once at each batch size before the executor says it is ready
-        # (model -> largest batch; executors/worker.py's warm_up), and the CUDA provider's cuDNN
-        # algorithm search. What the warm-up did, per model, as the worker's hello said it.
-        self.warmup = dict(warmup or {})
+        # A real GPU's models (model -> its largest batch): run at fixed batch sizes
+        # (``fixed_batch_shapes``, executors/batch_shapes.py) and once at each size before the
+        # executor says it is ready (``warmup``, executors/worker.py's warm_up); the CUDA
+        # provider's cuDNN algorithm search. What the warm-up did, per model, as the hello said it.
+        self.gpu_batches = dict(gpu_batches or {})
+        self.warmup, self.fixed_batch_shapes = warmup, fixed_batch_shapes
         self.cudnn_conv_algo_search = cudnn_conv_algo_search
-        # A real GPU's models at fixed batch sizes (model -> largest batch; executors/batch_shapes.py).
-        self.fixed_batches = dict(fixed_batches or {})
         self.warmed: dict[str, Any] = {}
         self.socket_path = socket_dir / f"{executor_id}.sock"
         self.state = "new"
@@ -151,10 +152,10 @@ class SupervisedExecutor(abc.ABC):
             args += ["--provider", "cuda", "--device-id", self.device.partition(":")[2] or "0"]
             args += ["--cudnn-conv-algo-search", self.cudnn_conv_algo_search]
             if not self.model_cache:  # a model cache holds no session at start: nothing to warm
-                for name, max_batch in self.fixed_batches.items():
-                    args += ["--fixed-batches", f"{name}={max_batch}"]
-                for name, max_batch in self.warmup.items():
-                    args += ["--warmup", f"{name}={max_batch}"]
+                for flag, wanted in (("--fixed-batches", self.fixed_batch_shapes), ("--warmup", self.warmup)):
+                    if wanted:
+                        for name, max_batch in self.gpu_batches.items():
+                            args += [flag, f"{name}={max_batch}"]
         if self.model_cache:
             args.append("--model-cache")
         return args

@@ -172,8 +172,10 @@ def serve(
     # The clock reading lets the gateway check that "latest" in an infer frame means the same
     # instant here (executors/wire.py).
     clock = time.perf_counter()
-    hello = {"kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models, "clock": clock}
-    send({**hello, "warmed": warmed or {}})
+    send({
+        "kind": "hello", "pid": os.getpid(), "provider": provider, "providers": taken, "models": models, "clock": clock,
+        "warmed": warmed or {},
+    })  # fmt: skip
     if reopen is not None:
         sessions.clear()  # nothing held until loaded
     while True:

@@ -103,8 +103,9 @@ def build_node_executors(
                 emulate_zeros=gpu.emulated_outputs == "zeros",
                 on_change=functools.partial(on_change, f"gpu-{device_id}"),
                 model_cache=gpu.memory_mb is not None,
-                warmup=largest_batches if gpu.warmup and not emulated else None,
-                fixed_batches=largest_batches if gpu.batch_shapes == "fixed" and not emulated else None,
+                gpu_batches=None if emulated else largest_batches,
+                warmup=gpu.warmup,
+                fixed_batch_shapes=gpu.batch_shapes == "fixed",
                 cudnn_conv_algo_search=gpu.cudnn_conv_algo_search.upper(),
             )
         )

@@ -86,7 +86,15 @@ async def test_the_gpu_executor_answers_a_padded_batch_with_its_own_rows(example
     models = {"cnn_small": example_models / "cnn_small.onnx"}
     sizes = {"cnn_small": 8}
     executor = ProcessExecutor(
-        "gpu-0", models, device="gpu:0", threads=1, cores=1.0, socket_dir=tmp_path, warmup=sizes, fixed_batches=sizes
+        "gpu-0",
+        models,
+        device="gpu:0",
+        threads=1,
+        cores=1.0,
+        socket_dir=tmp_path,
+        gpu_batches=sizes,
+        warmup=True,
+        fixed_batch_shapes=True,
     )
     await executor.start()
     try:

@@ -73,7 +73,9 @@ async def test_the_executor_reports_the_warm_up_in_its_hello(example_models, tmp
     # warms the CPU session; either way what it did comes back in its hello.
     models = {name: example_models / f"{name}.onnx" for name in ("mlp", "ppocr_det")}
     warmup = {"mlp": 3, "ppocr_det": 4}
-    executor = ProcessExecutor("gpu-0", models, device="gpu:0", threads=1, cores=1.0, socket_dir=tmp_path, warmup=warmup)
+    executor = ProcessExecutor(
+        "gpu-0", models, device="gpu:0", threads=1, cores=1.0, socket_dir=tmp_path, gpu_batches=warmup, warmup=True
+    )
     await executor.start()
     try:
         assert executor.warmed["mlp"]["batches"] == [1, 2, 3] and executor.warmed["mlp"]["skipped"] is None
