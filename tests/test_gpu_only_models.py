@@ -30,7 +30,10 @@ from supervisor.node import Window
 from tests.helpers import ROOT, metric_value, run_gateway
 
 # gpu_only's emulated l(b) = 1 b + 40 ms in batches of at most 2: about 47 requests/s, so a
-# burst of BURST requests sent at once cannot all be answered within its 100 ms SLA.
+# burst of BURST requests sent at once cannot all be answered within its 300 ms SLA. At 100 ms,
+# taking in the burst on a busy two-core machine (the client beside the gateway) delayed the
+# first batches past their latest start and every request was refused (three busy processes
+# beside the test here, one run in six; CI once).
 GPU_PROFILE = "model,alpha_ms,beta_ms\ngpu_only,1.0,40.0\nmlp,0.5,20.0\n"
 BURST = 200
 CONTROL_PERIOD_S = 0.1
@@ -63,7 +66,7 @@ period_s = {CONTROL_PERIOD_S}
 
 [models.gpu_only]
 path = "mlp.onnx"
-sla_ms = 100
+sla_ms = 300
 max_batch_size = 2
 drop_late = true
 cpu_executor = false

@@ -24,6 +24,14 @@ and back, the event loop). Some batches reach their executor after their latest 
 refused (Clockwork's late action), and every batch holds its GPU a little longer than the l(b)
 the core projects, so the batches behind it start later than planned and more of their requests
 are refused. Half the SLO leaves every batch slack that the round trip does not use up.
+
+TOLERANCE is 0.03: what the machine beside the gateway does shows in the served bad rates, never
+in the simulated ones. On the developers' 2-core VM, idle, the widest gap was 0.013
+(EfficientNetB3: 0.019 against 0.006); with one busy process beside the test, 0.018; on a CI
+machine of 2026-11-25, 0.024 (SSDMobilenet: 6 refused and 1 late against none), with refusals in
+four of the six models, and at 0.02 the test failed there. With both cores taken by two busy
+processes the gap grows to 0.03-0.09 (EfficientNetB3's batches reach their executor after their
+latest start): a machine that busy fails this test, as it should, for the gateway misses there.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ ZOO = (
 SLO_MS = {model.name: model.slo_ms for model in ZOO}
 GPUS = 4
 SECONDS, SEED = 12.0, 11
-TOLERANCE = 0.02  # absolute, on each model's bad rate
+TOLERANCE = 0.03  # absolute, on each model's bad rate
 REQUEST_TIMEOUT_MS = 2000.0  # ten times the longest SLO
 PEAK_RESOLUTION_RPS = 1.0  # the bisection stops this close to the peak
 # What the gateway answers instead of a result, by HTTP status (the dispatch core's Fail actions).
