@@ -134,7 +134,10 @@ class DockerBackend:
         assert self.client is not None
         host = socket.gethostname()
         removed = []
-        for container in self.client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+        # The SDK inspects each container it listed: one removed in between (a gateway stopping
+        # its executors as another starts) is skipped, not a NotFound out of the whole start.
+        listed = self.client.containers.list(all=True, filters={"label": OWNER_LABEL}, ignore_removed=True)
+        for container in listed:
             owner_host, _, owner_pid = container.labels.get(OWNER_LABEL, "").rpartition(":")
             if owner_host != host or (owner_pid.isdigit() and psutil.pid_exists(int(owner_pid))):
                 continue

@@ -7,9 +7,11 @@ GATEWAY_REQUIRE_DOCKER=1 (set by .ci/run) a missing daemon fails them instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as triton
+from docker.models.containers import ContainerCollection
 
 import executors.lifecycle
 from executors.container import LABEL, OWNER_LABEL, DockerBackend, DockerExecutor
@@ -53,7 +56,9 @@ def docker_config(path: Path, models: str, control: str = 'policy = "fixed"') ->
 
 def owned_by(client: docker.DockerClient, pid: int) -> list:
     return [
-        c for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}) if c.labels[OWNER_LABEL].endswith(f":{pid}")
+        c
+        for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}, ignore_removed=True)
+        if c.labels[OWNER_LABEL].endswith(f":{pid}")
     ]
 
 
@@ -274,3 +279,35 @@ async def test_a_silent_container_is_given_up_after_the_start_deadline(docker_ba
     with pytest.raises(ExecutorStartError, match="no hello and no output for 1 s"):
         await executor.start()
     await executor.stop()
+
+
+def test_a_container_removed_while_leftovers_are_listed_is_skipped(docker_backend, client, monkeypatch):
+    """Two containers of a gateway that is gone; one is removed by someone else between the
+    daemon's list and the SDK's look at each entry (a gateway stopping its executors as another
+    starts): the start goes on and removes the other, where it failed with NotFound."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    owner = f"{socket.gethostname()}:{gone.stdout.strip()}"
+    made = [
+        client.containers.create(docker_backend.image, command=["true"], labels={LABEL: "test", OWNER_LABEL: owner})
+        for _ in range(2)
+    ]
+    inspect = ContainerCollection.get
+    raced: list[str] = []
+
+    def get_after_a_removal(collection: ContainerCollection, container_id: str, *args, **kwargs):
+        if not raced:
+            other = next(c for c in made if c.id != container_id)
+            other.remove(force=True)
+            raced.append(other.name)
+        return inspect(collection, container_id, *args, **kwargs)
+
+    monkeypatch.setattr(ContainerCollection, "get", get_after_a_removal)
+    try:
+        removed = docker_backend.remove_leftovers()
+    finally:
+        monkeypatch.undo()
+        for container in made:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+    assert raced and removed == [c.name for c in made if c.name not in raced]
+    assert [c for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}) if c.labels[OWNER_LABEL] == owner] == []
