@@ -55,12 +55,12 @@ class RemoteExecutor:
         self.device = str(info["device"])
         self.signatures: dict[str, Any] = dict(info.get("models") or {})
         self.models = list(self.signatures)
-        self.provider = info.get("provider")
+        self.provider: str | None = None
         self.emulate: dict[str, tuple[float, float]] = {
             k: (float(v[0]), float(v[1])) for k, v in (info.get("emulate") or {}).items()
         }
         # What a real GPU executor's warm-up did, per model (executors/worker.py's warm_up).
-        self.warmed: dict[str, Any] = dict(info.get("warmed") or {})
+        self.warmed: dict[str, Any] = {}
         self.threads = 0
         self.pid: int | None = None
         self.restarts = 0
@@ -71,8 +71,13 @@ class RemoteExecutor:
         self.update(info)
 
     def update(self, info: dict[str, Any]) -> None:
-        """The worker's word on this executor (its hello or a status)."""
+        """The worker's word on this executor (its hello or a status). The provider and the
+        warm-up are the executor process's of the moment: a restart may change them."""
         self.worker_state = str(info.get("state", self.worker_state))
+        if "provider" in info:
+            self.provider = info["provider"]
+        if "warmed" in info:
+            self.warmed = dict(info["warmed"] or {})
         self.cores = float(info.get("cores", self.cores))
         self.enforced_cores = float(info.get("enforced_cores", self.enforced_cores))
 

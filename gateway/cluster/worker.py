@@ -16,7 +16,8 @@ with the executor protocol itself (executors/wire.py, DESIGN.md principle 2):
 - worker -> dispatcher: the executor's ``result``, ``error`` or ``late``, under the same id, or
   ``failed`` when the executor could not run the batch (crashed, restarting, hung).
 - worker -> dispatcher ``status`` every control period and when an executor changes state:
-  {"kind": "status", "executors": [...as in hello, without models]}. It is also the heartbeat:
+  {"kind": "status", "executors": [{"id", "state", "cores", "enforced_cores", "provider",
+  "warmed"}]}: a restarted executor's provider and warm-up reach the dispatchers. It is also the heartbeat:
   a dispatcher that hears nothing for a while takes the worker as cut off.
 
 Several dispatchers may share a worker (Section 2.1). Each schedules its own traffic; the
@@ -171,6 +172,10 @@ class WorkerNode:
             "state": executor.state,
             "cores": executor.cores,
             "enforced_cores": executor.enforced_cores,
+            # What the executor's process said when it last came up: a restarted one may run
+            # another provider (CUDA's failed: the CPU's) and have warmed up other sizes.
+            "provider": executor.provider,
+            "warmed": executor.warmed,
         }
 
     def hello(self) -> dict[str, Any]:
@@ -185,9 +190,7 @@ class WorkerNode:
                     **self.executor_state(e),
                     "device": e.device,
                     "models": e.signatures,
-                    "provider": e.provider,
                     "emulate": {name: list(profile) for name, profile in e.emulate.items()} or None,
-                    "warmed": e.warmed,
                 }
                 for e in self.executors.values()
             ],
