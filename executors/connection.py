@@ -110,12 +110,22 @@ class ExecutorConnection:
         reply: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = reply
         try:
-            self._writer.writelines(encode_frame(header, buffers))
-            await self._writer.drain()
-        except (ConnectionError, RuntimeError) as error:
+            try:
+                self._writer.writelines(encode_frame(header, buffers))
+                await self._writer.drain()
+            except (ConnectionError, RuntimeError) as error:
+                raise ExecutorFailed(f"could not send the batch to the executor: {error}") from error
+            answer, payload = await reply
+        finally:
+            # However this call ends (sent and answered, the send failed, or its task cancelled
+            # while the send waited on a full socket), its reply leaves the table: a reply that
+            # the connection's end failed meanwhile is read here, where it was left unread
+            # (asyncio's "Future exception was never retrieved"), and one still open is cancelled.
             self._pending.pop(request_id, None)
-            raise ExecutorFailed(f"could not send the batch to the executor: {error}") from error
-        answer, payload = await reply
+            if not reply.done():
+                reply.cancel()
+            elif not reply.cancelled():
+                reply.exception()
         if answer["kind"] == "error":
             raise ModelError(answer.get("message", "the executor refused the batch"))
         if answer["kind"] == "late":
