@@ -32,8 +32,8 @@ from tests.helpers import ROOT, metric_value, run_gateway
 # gpu_only's emulated l(b) = 1 b + 40 ms in batches of at most 2: about 47 requests/s, so a
 # burst of BURST requests sent at once cannot all be answered within its 300 ms SLA. At 100 ms,
 # taking in the burst on a busy two-core machine (the client beside the gateway) delayed the
-# first batches past their latest start and every request was refused (three busy processes
-# beside the test here, one run in six; CI once).
+# first batches past their latest start and every request was refused (on the developers' VM
+# beside two or three busy processes, two runs in seven; on a CI machine once).
 GPU_PROFILE = "model,alpha_ms,beta_ms\ngpu_only,1.0,40.0\nmlp,0.5,20.0\n"
 BURST = 200
 CONTROL_PERIOD_S = 0.1
