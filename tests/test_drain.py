@@ -5,21 +5,15 @@ task has not reached the connection yet, which closing the link would fail with 
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from gateway.cluster.link import RemoteExecutor, WorkerLink
-
-
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.helpers import free_port
 
 
 async def test_a_drain_waits_for_a_batch_given_but_not_yet_sent():
     changes: list[list[str]] = []
     link = WorkerLink(
-        f"127.0.0.1:{_unused_port()}",  # nobody listens: the link keeps retrying until stopped
+        f"127.0.0.1:{free_port()}",  # nobody listens: the link keeps retrying until stopped
         "a-token-of-sixteen-chars",
         "dispatcher",
         heartbeat_timeout_s=1.0,

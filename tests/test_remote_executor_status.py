@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.cluster.link import RemoteExecutor, WorkerLink
-from tests.test_drain import _unused_port
+from tests.helpers import free_port
 
 
 def test_a_status_after_a_restart_brings_the_executors_provider_and_warm_up():
@@ -11,7 +11,7 @@ def test_a_status_after_a_restart_brings_the_executors_provider_and_warm_up():
     that restarted on the CPU provider (CUDA's failed) and warmed nothing is shown so, where its
     hello's provider and warm-up stayed for the life of the link."""
     link = WorkerLink(
-        f"127.0.0.1:{_unused_port()}",
+        f"127.0.0.1:{free_port()}",
         "a-token-of-sixteen-chars",
         "dispatcher",
         heartbeat_timeout_s=1.0,
