@@ -27,9 +27,11 @@ are refused. Half the SLO leaves every batch slack that the round trip does not 
 
 TOLERANCE is 0.03: what the machine beside the gateway does shows in the served bad rates, never
 in the simulated ones. On the developers' 2-core VM, idle, the widest gap was 0.013
-(EfficientNetB3: 0.019 against 0.006); with one busy process beside the test, 0.018; on a CI
-machine of 2026-11-25, 0.024 (SSDMobilenet: 6 refused and 1 late against none), with refusals in
-four of the six models, and at 0.02 the test failed there. With both cores taken by two busy
+(EfficientNetB3: 0.019 against 0.006); with one busy process beside the test, 0.004-0.032 over
+eight runs of 2026-11-26, one of them over TOLERANCE (EfficientNetB3 0.038 against 0.006), and
+the same figure once in a full run of the suite on the quiet VM that day (rerun, it passed); on a
+CI machine of 2026-11-25, 0.024 (SSDMobilenet: 6 refused and 1 late against none), with refusals
+in four of the six models, and at 0.02 the test failed there. With both cores taken by two busy
 processes the gap grows to 0.03-0.09 (EfficientNetB3's batches reach their executor after their
 latest start): a machine that busy fails this test, as it should, for the gateway misses there.
 """
