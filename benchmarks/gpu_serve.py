@@ -1,7 +1,7 @@
 """A short `gateway serve` run on a real GPU (ONNX Runtime's CUDA provider) beside CPU executors.
 
     python benchmarks/gpu_serve.py [--rate 400] [--seconds 10] [--no-warmup] [--cudnn-conv-algo-search exhaustive]
-                                   [--batch-shapes fixed] [--against-stub]
+                                   [--batch-shapes fixed] [--binary] [--against-stub] [--gc-log]
 
 Two models of the example zoo (mlp, cnn_small), one CPU executor each (1 core) and one GPU
 executor holding both, the default GPU policy, Poisson arrivals split evenly, batch-1 JSON.
@@ -11,8 +11,11 @@ the gateway took to be ready and what the GPU executor's warm-up took ([gpu] war
 ``--no-warmup``). ``--batch-shapes`` and ``--cudnn-conv-algo-search`` set [gpu]'s keys of those
 names. Beside the client's response times it prints the gateway's own count of requests over
 their SLA (gateway_sla_violations on /metrics, timed from when the gateway read the request) and
-the GPU memory each process holds (nvidia-smi). Needs an NVIDIA GPU and onnxruntime-gpu; it says
-so and exits 2 without them.
+the GPU memory each process holds (nvidia-smi), and per half second of the run the requests over
+their SLA and the slowest response, which tells stalls (late requests in bursts) from a lack of
+capacity (late requests throughout). ``--gc-log`` runs the gateway in benchmarks/gc_pauses.py's
+child and prints its garbage collections of over 5 ms during the load. Needs an NVIDIA GPU and
+onnxruntime-gpu; it says so and exits 2 without them.
 
 ``--against-stub`` runs the same client against a stub that answers every request at once,
 instead of the gateway: the client's own share of the response times, on the same machine.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import shutil
 import signal
@@ -45,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"mlp": [1, 512], "cnn_small": [1, 3, 32, 32]}
 SLA_MS = {"mlp": 50.0, "cnn_small": 100.0}
+TIMELINE_STEP_S = 0.5
 
 
 def free_port() -> int:
@@ -65,29 +70,33 @@ def request_body(shape: list[int], binary: bool) -> tuple[bytes, dict[str, str]]
     return header + values.tobytes(), headers
 
 
-async def drive(base: str, rate: float, seconds: float, binary: bool = False) -> dict[str, list[tuple[int, str, float]]]:
+Row = tuple[int, str, float, float]  # status, where it ran, response ms, when it was due (s into the run)
+
+
+async def drive(base: str, rate: float, seconds: float, binary: bool = False) -> dict[str, list[Row]]:
     rng = random.Random(1)
     bodies = {name: request_body(shape, binary) for name, shape in MODELS.items()}
     arrivals, t = [], 0.0
     while (t := t + rng.expovariate(rate)) < seconds:
         arrivals.append((t, rng.choice(list(MODELS))))
-    results: dict[str, list[tuple[int, str, float]]] = {name: [] for name in MODELS}
+    results: dict[str, list[Row]] = {name: [] for name in MODELS}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
 
-        async def one(model: str, due: float) -> None:
+        async def one(model: str, at: float) -> None:
+            due = start + at
             body, headers = bodies[model]
             async with session.post(f"{base}/v2/models/{model}/infer", data=body, headers=headers) as response:
                 answer = orjson.loads(await response.read())
                 where = answer.get("parameters", {}).get("executed_on", "-") if response.status == 200 else "-"
                 # Timed from when it was due (no coordinated omission): the client's own lag counts.
-                results[model].append((response.status, where, (time.perf_counter() - due) * 1000))
+                results[model].append((response.status, where, (time.perf_counter() - due) * 1000, at))
 
         # One generator sends each request when it is due. (Creating every request's task up front
         # took longer than the lead it had at 1,500 requests/s: the first ones started late.)
         start, tasks = time.perf_counter() + 0.1, []
         for at, model in arrivals:
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-            tasks.append(asyncio.create_task(one(model, start + at)))
+            tasks.append(asyncio.create_task(one(model, at)))
         await asyncio.gather(*tasks)
     return results
 
@@ -109,11 +118,11 @@ def serve_stub(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, loop=uvloop.new_event_loop())
 
 
-def summary(rows: list[tuple[int, str, float]], sla_ms: float) -> tuple[str, int]:
+def summary(rows: list[Row], sla_ms: float) -> tuple[str, int]:
     """The client's view of a model's requests: answers by status, p50 / p99 of those answered, and
     how many of them came after ``sla_ms``."""
-    statuses = dict(Counter(status for status, _, _ in rows))
-    answered = np.asarray([ms for status, _, ms in rows if status == 200])
+    statuses = dict(Counter(status for status, _, _, _ in rows))
+    answered = np.asarray([ms for status, _, ms, _ in rows if status == 200])
     late = int((answered > sla_ms).sum())
     if not answered.size:
         answered = np.zeros(1)
@@ -141,10 +150,23 @@ def gpu_memory() -> str:
         return f"nvidia-smi failed: {error}"
 
 
-def print_results(results: dict[str, list[tuple[int, str, float]]], sla_ms: dict[str, float]) -> None:
+def timeline(results: dict[str, list[Row]], sla_ms: dict[str, float], step_s: float = TIMELINE_STEP_S) -> str:
+    """Per ``step_s`` of the run (by when each request was due): the requests over their SLA and
+    the slowest response (ms). Late requests bunched in a few steps are stalls; spread over all
+    of them, a lack of capacity."""
+    steps: dict[int, list[float]] = {}
+    for name, rows in results.items():
+        for _, _, ms, at in rows:
+            late, slowest = steps.setdefault(int(at / step_s), [0, 0.0])
+            steps[int(at / step_s)] = [late + (ms > sla_ms[name]), max(slowest, ms)]
+    return " ".join(f"{i * step_s:g}s:{late:.0f}/{slowest:.0f}" for i, (late, slowest) in sorted(steps.items()))
+
+
+def print_results(results: dict[str, list[Row]], sla_ms: dict[str, float]) -> None:
     for name, rows in results.items():
         text, late = summary(rows, sla_ms[name])
         print(f"{name}: {text}, over {sla_ms[name]:g} ms (client) {late}")
+    print(f"over SLA / slowest ms, per {TIMELINE_STEP_S:g} s: {timeline(results, sla_ms)}")
 
 
 def against_stub(rate: float, seconds: float, binary: bool) -> int:
@@ -172,6 +194,7 @@ def main() -> int:
     parser.add_argument("--batch-shapes", choices=["fixed", "exact"], default="fixed")
     parser.add_argument("--binary", action="store_true", help="send tensors as raw bytes (binary tensor extension)")
     parser.add_argument("--against-stub", action="store_true", help="the client alone, against a stub")
+    parser.add_argument("--gc-log", action="store_true", help="print the gateway's garbage collections of over 5 ms")
     parser.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_stub:
@@ -215,8 +238,15 @@ cpu = {{ cores = 1.0, threads = 1 }}
 """
     )
     log = (folder / "gateway.log").open("wb")
+    config, gc_report = str(folder / "config.toml"), folder / "gc.json"
+    # With --gc-log the gateway runs in benchmarks/gc_pauses.py's child, which records each collection.
+    serve = (
+        [str(ROOT / "benchmarks" / "gc_pauses.py"), "--child", config, str(gc_report)]
+        if args.gc_log
+        else ["-m", "gateway.cli", "serve", config]
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", str(folder / "config.toml")],
+        [sys.executable, *serve],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
@@ -237,6 +267,7 @@ cpu = {{ cores = 1.0, threads = 1 }}
             return 2
         gateway = psutil.Process(process.pid)  # the gateway's own process: its executors are others
         cpu_before = sum(gateway.cpu_times()[:2])
+        load_began = time.monotonic() + 0.1  # drive's first request is due 0.1 s in
         results = uvloop.run(drive(base, args.rate, args.seconds, args.binary))
         gateway_cpu_s = sum(gateway.cpu_times()[:2]) - cpu_before
         warmup = "off" if args.no_warmup else "on"
@@ -253,13 +284,16 @@ cpu = {{ cores = 1.0, threads = 1 }}
         for name, rows in results.items():
             admin = requests.get(f"{base}/admin/models/{name}", timeout=10).json()
             text, late = summary(rows, SLA_MS[name])
-            places = dict(Counter(where for _, where, _ in rows))
+            places = dict(Counter(where for _, where, _, _ in rows))
             profiles = {d: f"l(b) = {p['per_item_ms']:.3f} b + {p['fixed_ms']:.3f} ms" for d, p in admin["profiles"].items()}
             print(
                 f"{name}: SLA {admin['sla_ms']:g} ms, {text}, ran on {places}, "
                 f"over SLA: client {late}, gateway {gateway_late.get(name, 0)}, "
                 f"executors {[(e['id'], e['provider']) for e in admin['executors']]}, profiles {profiles}"
             )
+        print(f"over SLA / slowest ms, per {TIMELINE_STEP_S:g} s: {timeline(results, SLA_MS)}")
+        warnings = [line for line in (folder / "gateway.log").read_text().splitlines() if "WARNING" in line or "ERROR" in line]
+        print(f"gateway log: {len(warnings)} warning or error lines", *warnings[:8], sep="\n  ")
         answered = sum(len(rows) for rows in results.values())
         print(
             f"gateway process CPU: {gateway_cpu_s:.2f} s while sending, "
@@ -272,6 +306,10 @@ cpu = {{ cores = 1.0, threads = 1 }}
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+    if args.gc_log and gc_report.exists():
+        collections = json.loads(gc_report.read_text())["collections"]
+        long = [(round(at - load_began, 2), gen, round(ms, 1)) for at, gen, ms in collections if ms > 5 and at >= load_began]
+        print(f"gateway collections over 5 ms during the load (s into it, generation, ms): {long}")
     return 0
 
 
