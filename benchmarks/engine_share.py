@@ -1,14 +1,15 @@
 """How much of the gateway's CPU a request is HTTP, how much JSON, how much the engine.
 
-    .venv/bin/python benchmarks/engine_share.py [--rate 250] [--seconds 15] [--rounds 2]
+    .venv/bin/python benchmarks/engine_share.py [--rate 250 | --concurrency 8] [--seconds 15] [--rounds 2]
 
 One gateway process serves every request: its HTTP server, the decoding of the tensors, the
 dispatch core and the link to the executors share one event loop, and so one core (on the H200
 host, 0.66-0.77 ms of CPU a JSON request: it falls behind near 1,200 requests a second). Several
 HTTP front ends, one process each before one engine, would take the HTTP (and, converting JSON
 tensors to binary ones, the JSON) off that process. This measures what they would leave in it:
-the same open-loop Poisson load (batch-1 requests for the example MLP, 512 floats, on one
-process executor of 1 core) served three ways, one after the other, ``--rounds`` times:
+the same load of batch-1 requests for the example MLP (512 floats, on one process executor of 1
+core), open-loop Poisson at ``--rate`` or with ``--concurrency`` requests always outstanding
+(closed loop: the process kept busy), served three ways, one after the other, ``--rounds`` times:
 
     http     `gateway serve` over HTTP, loaded by `gateway bench` from another process: the
              gateway process's CPU time (its executors are other processes)
@@ -17,7 +18,8 @@ process executor of 1 core) served three ways, one after the other, ``--rounds``
     binary   the same with the body's tensor as raw bytes (the binary tensor extension) and a
              binary output: what is left once the JSON is a front end's too
 
-Printed: the process's CPU a request in each way, and each as a share of http's. In the json and
+Printed: in each way the requests a second, the process's CPU a request and its share of http's,
+how busy the process was (cores) and the mean batch the executor ran. In the json and
 binary ways the process also runs the load's own generator (a task a request, as the HTTP server
 makes one a request): counted in them, it makes their shares upper bounds.
 """
@@ -33,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +51,7 @@ from gateway.config import load_config  # noqa: E402
 from gateway.engine import Engine  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.protocol import Limits, encode_infer_response, parse_infer_request  # noqa: E402
+from tests.helpers import metric_value  # noqa: E402
 
 MODEL = "mlp"
 SHAPE = [1, 512]
@@ -94,8 +99,17 @@ def arrivals(rate: float, seconds: float) -> list[float]:
     return times
 
 
-async def in_process(config_path: Path, way: str, rate: float, seconds: float) -> tuple[float, int]:
-    """The engine alone, driven in this process: CPU seconds of this process, requests answered."""
+@dataclass
+class Served:
+    cpu_s: float  # the serving process's CPU time over the load
+    answered: int
+    batches: float  # batches executed (in-process: the sum of 1 / batch size over the requests)
+    seconds: float  # wall time of the load
+
+
+async def in_process(config_path: Path, way: str, rate: float, seconds: float, concurrency: int) -> Served:
+    """The engine alone, driven in this process: open loop at ``rate``, or ``concurrency``
+    requests always outstanding (closed loop: the process as busy as it can be)."""
     engine = Engine(load_config(config_path), GatewayMetrics())
     await engine.start()
     try:
@@ -103,10 +117,10 @@ async def in_process(config_path: Path, way: str, rate: float, seconds: float) -
         assert runtime.signature is not None
         body, header_length = bodies()[way]
         limits = Limits(engine.config.server.max_json_depth, engine.config.server.max_elements)
-        answered = 0
+        answered, batches = 0, 0.0
 
         async def one() -> None:
-            nonlocal answered
+            nonlocal answered, batches
             arrival = time.perf_counter()
             parsed = parse_infer_request(body, header_length, runtime.signature, runtime.config.max_batch_size, limits)
             engine.received(runtime)
@@ -114,21 +128,35 @@ async def in_process(config_path: Path, way: str, rate: float, seconds: float) -
             encode_infer_response(runtime.served_name, parsed, result.outputs, datatypes, result.parameters(), runtime.version)
             engine.record(runtime, "success", arrival, result)
             answered += 1
+            batches += 1 / result.batch_size
+
+        async def client(until: float) -> None:
+            while time.perf_counter() < until:
+                await one()
 
         await asyncio.sleep(1.0)
         cpu_before = time.process_time()
         start, tasks = time.perf_counter(), []
-        for at in arrivals(rate, seconds):
-            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-            tasks.append(asyncio.create_task(one()))
+        if concurrency:
+            tasks = [asyncio.create_task(client(start + seconds)) for _ in range(concurrency)]
+        else:
+            for at in arrivals(rate, seconds):
+                await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+                tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
-        return time.process_time() - cpu_before, answered
+        return Served(time.process_time() - cpu_before, answered, batches, time.perf_counter() - start)
     finally:
         await engine.stop()
 
 
-def over_http(config_path: Path, port: int, rate: float, seconds: float, folder: Path) -> tuple[float, int]:
-    """`gateway serve` loaded by `gateway bench`: CPU seconds of the gateway's process, requests sent."""
+def batches_so_far(base: str) -> float:
+    """The model's batches executed so far (gateway_batch_size's count on /metrics)."""
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    return metric_value(text, "gateway_batch_size_count", model=MODEL)
+
+
+def over_http(config_path: Path, port: int, rate: float, seconds: float, concurrency: int, folder: Path) -> Served:
+    """`gateway serve` loaded by `gateway bench` (open loop at ``rate``, or ``concurrency`` clients)."""
     log = (folder / "gateway.log").open("wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "serve", str(config_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
@@ -138,19 +166,25 @@ def over_http(config_path: Path, port: int, rate: float, seconds: float, folder:
         wait_ready(base, server, folder / "gateway.log")
         time.sleep(1.0)
         gateway = psutil.Process(server.pid)
-        cpu_before = sum(gateway.cpu_times()[:2])
+        batches = batches_so_far(base)
+        cpu_before, start = sum(gateway.cpu_times()[:2]), time.perf_counter()
         output = folder / "bench.json"
+        load = ["--concurrency", str(concurrency)] if concurrency else ["--rate", str(rate)]
         subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "bench", base, "--model", MODEL, "--rate", str(rate),
+            [sys.executable, "-m", "gateway.cli", "bench", base, "--model", MODEL, *load,
              "--duration", str(seconds), "--quiet", "--output", str(output)],
             cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        cpu_s = sum(gateway.cpu_times()[:2]) - cpu_before
+        cpu_s, wall_s = sum(gateway.cpu_times()[:2]) - cpu_before, time.perf_counter() - start
         report = orjson.loads(output.read_bytes())
-        return cpu_s, int(report["succeeded"])
+        return Served(cpu_s, int(report["succeeded"]), batches_so_far(base) - batches, wall_s)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+
+
+def cpu_ms(served: Served) -> float:
+    return served.cpu_s / max(served.answered, 1) * 1000
 
 
 def main() -> int:
@@ -158,10 +192,13 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=250.0)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--concurrency", type=int, default=0, help="closed loop: this many requests outstanding (0: open loop at --rate)"
+    )
     args = parser.parse_args()
     import uvloop
 
-    rows: dict[str, list[float]] = {"http": [], "json": [], "binary": []}
+    rows: dict[str, list[Served]] = {"http": [], "json": [], "binary": []}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         port = 18000 + random.Random().randrange(2000)
@@ -169,18 +206,27 @@ def main() -> int:
         for round_ in range(1, args.rounds + 1):
             for way in rows:
                 if way == "http":
-                    cpu_s, answered = over_http(config_path, port, args.rate, args.seconds, folder)
+                    served = over_http(config_path, port, args.rate, args.seconds, args.concurrency, folder)
                 else:
-                    cpu_s, answered = uvloop.run(in_process(config_path, way, args.rate, args.seconds))
-                rows[way].append(cpu_s / max(answered, 1) * 1000)
-                print(f"round {round_}, {way}: {answered} requests, {rows[way][-1]:.3f} ms of CPU a request", flush=True)
-    http = float(np.median(rows["http"]))
-    print(f"\n{MODEL}, {args.rate:g} requests/s for {args.seconds:g} s, {args.rounds} round(s), medians:\n")
-    print("| way | CPU a request (ms) | share of http's |")
-    print("|---|---|---|")
-    for way, values in rows.items():
-        median = float(np.median(values))
-        print(f"| {way} | {median:.3f} | {median / http:.2f} |")
+                    served = uvloop.run(in_process(config_path, way, args.rate, args.seconds, args.concurrency))
+                rows[way].append(served)
+                print(
+                    f"round {round_}, {way}: {served.answered} requests ({served.answered / served.seconds:.0f}/s), "
+                    f"{cpu_ms(served):.3f} ms of CPU a request, {served.cpu_s / served.seconds:.2f} of a core, "
+                    f"batch mean {served.answered / max(served.batches, 1):.2f}",
+                    flush=True,
+                )
+    http = float(np.median([cpu_ms(s) for s in rows["http"]]))
+    load = f"{args.concurrency} outstanding" if args.concurrency else f"{args.rate:g} requests/s"
+    print(f"\n{MODEL}, {load} for {args.seconds:g} s, {args.rounds} round(s), medians:\n")
+    print("| way | requests/s | CPU a request (ms) | share of http's | busy (cores) | batch mean |")
+    print("|---|---|---|---|---|---|")
+    for way, served in rows.items():
+        ms = float(np.median([cpu_ms(s) for s in served]))
+        rps = float(np.median([s.answered / s.seconds for s in served]))
+        busy = float(np.median([s.cpu_s / s.seconds for s in served]))
+        batch = float(np.median([s.answered / max(s.batches, 1) for s in served]))
+        print(f"| {way} | {rps:.0f} | {ms:.3f} | {ms / http:.2f} | {busy:.2f} | {batch:.2f} |")
     return 0
 
 
