@@ -19,7 +19,10 @@ core), open-loop Poisson at ``--rate`` or with ``--concurrency`` requests always
              binary output: what is left once the JSON is a front end's too
 
 Printed: in each way the requests a second, the process's CPU a request and its share of http's,
-how busy the process was (cores) and the mean batch the executor ran. In the json and
+how busy the process was (cores) and the mean batch the executor ran; and what sleeping and
+waking cost a process on the machine (an event loop's 4 ms sleep, a round trip over a socket
+pair to a second process with and without 4 ms of sleep between round trips), which a process
+that sleeps between requests pays on each. In the json and
 binary ways the process also runs the load's own generator (a task a request, as the HTTP server
 makes one a request): counted in them, it makes their shares upper bounds.
 """
@@ -28,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -184,6 +189,58 @@ def over_http(config_path: Path, port: int, rate: float, seconds: float, concurr
         server.wait(timeout=60)
 
 
+def _echo(sock: socket.socket) -> None:
+    """The far end of ``round_trips``: answers each frame with 8 bytes, until b"q"."""
+    while (data := sock.recv(4096)) and data != b"q":
+        sock.sendall(data[:8])
+
+
+async def round_trips(gap_s: float, repeats: int) -> float:
+    """This process's CPU (µs) a round trip of a frame the size of a batch-1 MLP request to a
+    second process over a socket pair and back, with ``gap_s`` of sleep between round trips."""
+    near, far = socket.socketpair()
+    echo = multiprocessing.get_context("fork").Process(target=_echo, args=(far,))
+    echo.start()
+    far.close()
+    reader, writer = await asyncio.open_connection(sock=near)
+    frame = [b"x" * 8, b"h" * 120, b"p" * 2048]  # prefix, header, tensor: as executors/wire.py frames it
+    cpu_before = time.process_time()
+    for _ in range(repeats):
+        writer.writelines(frame)
+        await writer.drain()
+        await reader.readexactly(8)
+        if gap_s:
+            await asyncio.sleep(gap_s)
+    cpu_s = time.process_time() - cpu_before
+    writer.write(b"q")
+    await writer.drain()
+    echo.join(timeout=10)
+    writer.close()
+    return cpu_s / repeats * 1e6
+
+
+async def sleeps(gap_s: float, repeats: int) -> float:
+    """This process's CPU (µs) an event loop's sleep of ``gap_s`` costs, nothing else to do."""
+    cpu_before = time.process_time()
+    for _ in range(repeats):
+        await asyncio.sleep(gap_s)
+    return (time.process_time() - cpu_before) / repeats * 1e6
+
+
+def wakeup_costs(repeats: int = 1500) -> str:
+    """What sleeping and waking cost a process on this machine, beside a round trip kept busy."""
+    import uvloop
+
+    gap_s = 0.004
+    busy = uvloop.run(round_trips(0.0, repeats))
+    idle = uvloop.run(round_trips(gap_s, repeats))
+    alone = uvloop.run(sleeps(gap_s, repeats))
+    return (
+        f"this machine, {repeats} repeats each: a round trip to a second process {busy:.0f} µs of CPU back to back, "
+        f"{idle:.0f} µs with {gap_s * 1000:g} ms of sleep between; a {gap_s * 1000:g} ms sleep alone {alone:.0f} µs"
+    )
+
+
 def cpu_ms(served: Served) -> float:
     return served.cpu_s / max(served.answered, 1) * 1000
 
@@ -219,6 +276,7 @@ def main() -> int:
                 )
     http = float(np.median([cpu_ms(s) for s in rows["http"]]))
     load = f"{args.concurrency} outstanding" if args.concurrency else f"{args.rate:g} requests/s"
+    print(f"\n{wakeup_costs()}")
     print(f"\n{MODEL}, {load} for {args.seconds:g} s, {args.rounds} round(s), medians:\n")
     print("| way | requests/s | CPU a request (ms) | share of http's | busy (cores) | batch mean |")
     print("|---|---|---|---|---|---|")
