@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing
 import random
 import shutil
@@ -56,7 +57,7 @@ from gateway.config import load_config  # noqa: E402
 from gateway.engine import Engine  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.protocol import Limits, encode_infer_response, parse_infer_request  # noqa: E402
-from tests.helpers import metric_value  # noqa: E402
+from tests.helpers import free_port, metric_value  # noqa: E402
 
 MODEL = "mlp"
 SHAPE = [1, 512]
@@ -117,6 +118,10 @@ async def in_process(config_path: Path, way: str, rate: float, seconds: float, c
     requests always outstanding (closed loop: the process as busy as it can be)."""
     engine = Engine(load_config(config_path), GatewayMetrics())
     await engine.start()
+    # As `gateway serve` does once started (gateway/server.py): a full collection then walks only
+    # what serving made, not start-up's objects.
+    gc.collect()
+    gc.freeze()
     try:
         runtime = engine.models[MODEL]
         assert runtime.signature is not None
@@ -162,10 +167,9 @@ def batches_so_far(base: str) -> float:
 
 def over_http(config_path: Path, port: int, rate: float, seconds: float, concurrency: int, folder: Path) -> Served:
     """`gateway serve` loaded by `gateway bench` (open loop at ``rate``, or ``concurrency`` clients)."""
-    log = (folder / "gateway.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", str(config_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-    )
+    with (folder / "gateway.log").open("wb") as log:  # the gateway keeps its own copy of it
+        serve = [sys.executable, "-m", "gateway.cli", "serve", str(config_path)]
+        server = subprocess.Popen(serve, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, server, folder / "gateway.log")
@@ -186,11 +190,16 @@ def over_http(config_path: Path, port: int, rate: float, seconds: float, concurr
         return Served(cpu_s, int(report["succeeded"]), batches_so_far(base) - batches, float(report["elapsed_s"]))
     finally:
         server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
-def _echo(sock: socket.socket) -> None:
+def _echo(sock: socket.socket, near: socket.socket) -> None:
     """The far end of ``round_trips``: answers each frame with 8 bytes, until b"q"."""
+    near.close()  # the fork's copy: the near end is the parent's alone
     while (data := sock.recv(4096)) and data != b"q":
         sock.sendall(data[:8])
 
@@ -199,7 +208,7 @@ async def round_trips(gap_s: float, repeats: int) -> float:
     """This process's CPU (µs) a round trip of a frame the size of a batch-1 MLP request to a
     second process over a socket pair and back, with ``gap_s`` of sleep between round trips."""
     near, far = socket.socketpair()
-    echo = multiprocessing.get_context("fork").Process(target=_echo, args=(far,))
+    echo = multiprocessing.get_context("fork").Process(target=_echo, args=(far, near), daemon=True)
     echo.start()
     far.close()
     reader, writer = await asyncio.open_connection(sock=near)
@@ -215,6 +224,8 @@ async def round_trips(gap_s: float, repeats: int) -> float:
     writer.write(b"q")
     await writer.drain()
     echo.join(timeout=10)
+    if echo.is_alive():
+        echo.kill()
     writer.close()
     return cpu_s / repeats * 1e6
 
@@ -259,7 +270,7 @@ def main() -> int:
     rows: dict[str, list[Served]] = {"http": [], "json": [], "binary": []}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        port = 18000 + random.Random().randrange(2000)
+        port = free_port()
         config_path = write_config(folder, port)
         for round_ in range(1, args.rounds + 1):
             for way in rows:
