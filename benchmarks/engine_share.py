@@ -35,20 +35,17 @@ import gc
 import multiprocessing
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
 import psutil
-from gateway_ready import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -57,19 +54,17 @@ from gateway.config import load_config  # noqa: E402
 from gateway.engine import Engine  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.protocol import Limits, encode_infer_response, parse_infer_request  # noqa: E402
-from tests.helpers import free_port, metric_value  # noqa: E402
+from tests.helpers import Gateway, metric_value, run_gateway  # noqa: E402
 
 MODEL = "mlp"
 SHAPE = [1, 512]
 
 
-def write_config(folder: Path, port: int) -> Path:
+def write_config(folder: Path) -> Path:
     shutil.copy(ROOT / "examples" / "models" / f"{MODEL}.onnx", folder / f"{MODEL}.onnx")
     path = folder / "config.toml"
     path.write_text(
         f"""
-[server]
-port = {port}
 [node]
 cpu_cores = 1.0
 [control]
@@ -159,42 +154,29 @@ async def in_process(config_path: Path, way: str, rate: float, seconds: float, c
         await engine.stop()
 
 
-def batches_so_far(base: str) -> float:
+def batches_so_far(gateway: Gateway) -> float:
     """The model's batches executed so far (gateway_batch_size's count on /metrics)."""
-    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
-    return metric_value(text, "gateway_batch_size_count", model=MODEL)
+    return metric_value(gateway.metrics(), "gateway_batch_size_count", model=MODEL)
 
 
-def over_http(config_path: Path, port: int, rate: float, seconds: float, concurrency: int, folder: Path) -> Served:
+def over_http(config_path: Path, rate: float, seconds: float, concurrency: int, folder: Path) -> Served:
     """`gateway serve` loaded by `gateway bench` (open loop at ``rate``, or ``concurrency`` clients)."""
-    with (folder / "gateway.log").open("wb") as log:  # the gateway keeps its own copy of it
-        serve = [sys.executable, "-m", "gateway.cli", "serve", str(config_path)]
-        server = subprocess.Popen(serve, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(base, server, folder / "gateway.log")
+    with run_gateway(config_path) as gateway:
         time.sleep(1.0)
-        gateway = psutil.Process(server.pid)
-        batches = batches_so_far(base)
-        cpu_before = sum(gateway.cpu_times()[:2])
+        process = psutil.Process(gateway.process.pid)  # the gateway's own: its executors are others
+        batches = batches_so_far(gateway)
+        cpu_before = sum(process.cpu_times()[:2])
         output = folder / "bench.json"
         load = ["--concurrency", str(concurrency)] if concurrency else ["--rate", str(rate)]
         subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "bench", base, "--model", MODEL, *load,
+            [sys.executable, "-m", "gateway.cli", "bench", gateway.base, "--model", MODEL, *load,
              "--duration", str(seconds), "--quiet", "--output", str(output)],
             cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        cpu_s = sum(gateway.cpu_times()[:2]) - cpu_before
+        cpu_s = sum(process.cpu_times()[:2]) - cpu_before
         report = orjson.loads(output.read_bytes())
         # The load's own length (bench's elapsed_s): the wall time around it also holds bench's start.
-        return Served(cpu_s, int(report["succeeded"]), batches_so_far(base) - batches, float(report["elapsed_s"]))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        return Served(cpu_s, int(report["succeeded"]), batches_so_far(gateway) - batches, float(report["elapsed_s"]))
 
 
 def _echo(sock: socket.socket, near: socket.socket) -> None:
@@ -270,12 +252,11 @@ def main() -> int:
     rows: dict[str, list[Served]] = {"http": [], "json": [], "binary": []}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        port = free_port()
-        config_path = write_config(folder, port)
+        config_path = write_config(folder)
         for round_ in range(1, args.rounds + 1):
             for way in rows:
                 if way == "http":
-                    served = over_http(config_path, port, args.rate, args.seconds, args.concurrency, folder)
+                    served = over_http(config_path, args.rate, args.seconds, args.concurrency, folder)
                 else:
                     served = uvloop.run(in_process(config_path, way, args.rate, args.seconds, args.concurrency))
                 rows[way].append(served)
