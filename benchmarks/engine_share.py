@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import psutil
+import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,6 +55,7 @@ from gateway.config import load_config  # noqa: E402
 from gateway.engine import Engine  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
 from gateway.protocol import Limits, encode_infer_response, parse_infer_request  # noqa: E402
+from gateway.tools.simulate import gamma_arrivals  # noqa: E402
 from tests.helpers import Gateway, metric_value, run_gateway  # noqa: E402
 
 MODEL = "mlp"
@@ -91,13 +93,6 @@ def bodies() -> dict[str, tuple[bytes, str | None]]:
         }
     )
     return {"json": (as_json, None), "binary": (header + values.tobytes(), str(len(header)))}
-
-
-def arrivals(rate: float, seconds: float) -> list[float]:
-    rng, times, t = random.Random(1), [], 0.0
-    while (t := t + rng.expovariate(rate)) < seconds:
-        times.append(t)
-    return times
 
 
 @dataclass
@@ -145,7 +140,7 @@ async def in_process(config_path: Path, way: str, rate: float, seconds: float, c
         if concurrency:
             tasks = [asyncio.create_task(client(start + seconds)) for _ in range(concurrency)]
         else:
-            for at in arrivals(rate, seconds):
+            for at in gamma_arrivals(rate, None, seconds, random.Random(1)):  # Poisson
                 await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
                 tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
@@ -222,8 +217,6 @@ async def sleeps(gap_s: float, repeats: int) -> float:
 
 def wakeup_costs(repeats: int = 1500) -> str:
     """What sleeping and waking cost a process on this machine, beside a round trip kept busy."""
-    import uvloop
-
     gap_s = 0.004
     busy = uvloop.run(round_trips(0.0, repeats))
     idle = uvloop.run(round_trips(gap_s, repeats))
@@ -247,8 +240,6 @@ def main() -> int:
         "--concurrency", type=int, default=0, help="closed loop: this many requests outstanding (0: open loop at --rate)"
     )
     args = parser.parse_args()
-    import uvloop
-
     rows: dict[str, list[Served]] = {"http": [], "json": [], "binary": []}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
