@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 from gateway.cluster.link import RemoteExecutor, WorkerLink
+from gateway.cluster.worker import WorkerNode
 from tests.helpers import free_port
+from tests.test_control_core import gateway_config, model
 
 
 def test_a_status_after_a_restart_brings_the_executors_provider_and_warm_up():
@@ -36,3 +41,36 @@ def test_a_status_after_a_restart_brings_the_executors_provider_and_warm_up():
     # A status without them (a worker of an earlier version) leaves them as they were.
     executor.update({"id": "gpu-0", "state": "restarting"})
     assert (executor.provider, executor.worker_state) == ("CPUExecutionProvider", "restarting")
+
+
+class FrameRecorder:
+    """A dispatcher's connection as the worker writes to it: each frame's header, decoded."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        self.headers.append(json.loads(pieces[1]))
+
+
+def test_the_heartbeat_leaves_out_what_only_a_start_of_the_executor_changes():
+    """The status of every control period carries the executors' state and cores; their
+    provider and warm-up go out only with a change of state (and in the hello), not once a
+    period to every dispatcher."""
+    worker = WorkerNode(gateway_config(model("m", cores=0.5)))
+    try:
+        dispatcher = FrameRecorder()
+        worker.sessions[1] = dispatcher  # type: ignore[assignment]
+        worker.node.cpu["m"].provider = "CPUExecutionProvider"
+        worker._on_period(1.0, {}, {})
+        worker._on_executor_change("cpu-m")
+        heartbeat, change = (header["executors"] for header in dispatcher.headers)
+        assert [sorted(e) for e in heartbeat] == [["cores", "enforced_cores", "id", "state"]]
+        assert [(e["id"], e["provider"], e["warmed"]) for e in change] == [("cpu-m", "CPUExecutionProvider", {})]
+        assert worker.hello()["executors"][0]["provider"] == "CPUExecutionProvider"
+    finally:
+        worker.node.close()
+        shutil.rmtree(worker._socket_dir, ignore_errors=True)

@@ -16,9 +16,11 @@ with the executor protocol itself (executors/wire.py, DESIGN.md principle 2):
 - worker -> dispatcher: the executor's ``result``, ``error`` or ``late``, under the same id, or
   ``failed`` when the executor could not run the batch (crashed, restarting, hung).
 - worker -> dispatcher ``status`` every control period and when an executor changes state:
-  {"kind": "status", "executors": [{"id", "state", "cores", "enforced_cores", "provider",
-  "warmed"}]}: a restarted executor's provider and warm-up reach the dispatchers. It is also the heartbeat:
-  a dispatcher that hears nothing for a while takes the worker as cut off.
+  {"kind": "status", "executors": [{"id", "state", "cores", "enforced_cores"}]}, and in the
+  frames of a change also "provider" and "warmed": a restarted executor's provider and warm-up
+  reach the dispatchers with the state that says it is ready again, and the period's frames
+  carry only what a period changes. It is also the heartbeat: a dispatcher that hears nothing
+  for a while takes the worker as cut off.
 
 Several dispatchers may share a worker (Section 2.1). Each schedules its own traffic; the
 worker's controllers see everything that reaches its executors, whichever dispatcher sent it:
@@ -166,17 +168,21 @@ class WorkerNode:
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # -- what dispatchers see ----------------------------------------------------------------
-    def executor_state(self, executor: SupervisedExecutor) -> dict[str, Any]:
-        return {
+    def executor_state(self, executor: SupervisedExecutor, *, process: bool = True) -> dict[str, Any]:
+        """What a dispatcher knows of ``executor``; with ``process``, also what its process said
+        when it last came up (only a start changes that)."""
+        state: dict[str, Any] = {
             "id": executor.id,
             "state": executor.state,
             "cores": executor.cores,
             "enforced_cores": executor.enforced_cores,
-            # What the executor's process said when it last came up: a restarted one may run
-            # another provider (CUDA's failed: the CPU's) and have warmed up other sizes.
-            "provider": executor.provider,
-            "warmed": executor.warmed,
         }
+        if process:
+            # A restarted executor may run another provider (CUDA's failed: the CPU's) and have
+            # warmed up other sizes.
+            state["provider"] = executor.provider
+            state["warmed"] = executor.warmed
+        return state
 
     def hello(self) -> dict[str, Any]:
         return {
@@ -217,15 +223,18 @@ class WorkerNode:
             },
         }
 
-    def _broadcast_status(self) -> None:
-        frame = encode_frame({"kind": "status", "executors": [self.executor_state(e) for e in self.executors.values()]})
+    def _broadcast_status(self, *, process: bool) -> None:
+        executors = [self.executor_state(e, process=process) for e in self.executors.values()]
+        frame = encode_frame({"kind": "status", "executors": executors})
         for writer in list(self.sessions.values()):
             if not writer.is_closing():
                 writer.writelines(frame)
 
     def _on_executor_change(self, executor_id: str) -> None:
+        # An executor that came up sets its provider and warm-up before it says it is ready, so
+        # this frame carries them; a dispatcher that connects later reads them in the hello.
         if self.sessions:
-            self._broadcast_status()
+            self._broadcast_status(process=True)
 
     # -- a dispatcher's connection -----------------------------------------------------------
     async def _serve_dispatcher(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -359,7 +368,7 @@ class WorkerNode:
         self._cores.labels(executor.id).set(cores)
 
     def _on_period(self, now: float, allocations: Mapping[str, Allocation], windows: Mapping[str, Window]) -> None:
-        self._broadcast_status()  # the heartbeat too
+        self._broadcast_status(process=False)  # the heartbeat too
 
     # -- health and state over HTTP ------------------------------------------------------------
     async def _start_http(self, host: str) -> None:
