@@ -61,17 +61,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import numpy as np
-import onnxruntime as ort
 import requests
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
 
 from gateway_ready import wait_ready  # noqa: E402
-from serving import median_ms  # noqa: E402
 
-ROOT = HERE.parent
+from tests.helpers import cpu_ms_per_request  # noqa: E402
+
 WORK = HERE / "work"
 DOCS = ROOT / "docs" / "roma"
 DATA = ROOT.parent / "shared" / "data"
@@ -124,11 +124,7 @@ def load_tests() -> dict[str, list[dict]]:
 
 def cpu_time_ms(model: str) -> float:
     """Median single-request time of the model on one core (ONNX Runtime, one thread)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(MODELS / f"{model}.onnx"), options, providers=["CPUExecutionProvider"])
-    x = np.full((1, 1, 8, 8), 0.5, np.float32)
-    return median_ms(lambda: session.run(None, {"x": x}), 20, 100)
+    return cpu_ms_per_request(MODELS / f"{model}.onnx", warmup=20)
 
 
 def machine_time_scale(cpu_ms: dict[str, float]) -> float:

@@ -209,16 +209,17 @@ def busy_model(path: Path, layers: int = 4, width: int = 64) -> Path:
     return save_model(make_models.upconv(np.random.default_rng(0), "busy", layers, width), path)
 
 
-def cpu_ms_per_request(path: Path, shape: Sequence[int] = (1, 1, 8, 8), requests: int = 100) -> float:
+def cpu_ms_per_request(path: Path, shape: Sequence[int] = (1, 1, 8, 8), requests: int = 100, warmup: int = 10) -> float:
     """One request's time on one core of this machine (ONNX Runtime, one thread, the median of
-    ``requests`` runs after a warm-up): tests whose load must leave a set share of a core idle
-    derive their rates from it, since the same model's time differs between machines of this
-    kind (the busy model: 11.3 ms on the AMD EPYC of 2026-11-25)."""
+    ``requests`` runs after ``warmup`` runs): tests whose load must leave a set share of a core
+    idle derive their rates from it, since the same model's time differs between machines of
+    this kind (the busy model: 11.3 ms on the AMD EPYC of 2026-11-25); so do the ROMA
+    benchmarks' time scale (benchmarks/roma_cpu.py)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: np.full(tuple(shape), 0.5, dtype=np.float32)}
-    for _ in range(10):
+    for _ in range(warmup):
         session.run(None, feed)
     times = []
     for _ in range(requests):
