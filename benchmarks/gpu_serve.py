@@ -46,6 +46,8 @@ from aiohttp import web
 from gateway_ready import wait_ready
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.tools.simulate import zoo_arrivals
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"mlp": [1, 512], "cnn_small": [1, 3, 32, 32]}
 SLA_MS = {"mlp": 50.0, "cnn_small": 100.0}
@@ -74,11 +76,9 @@ Row = tuple[int, str, float, float]  # status, where it ran, response ms, when i
 
 
 async def drive(base: str, rate: float, seconds: float, binary: bool = False) -> dict[str, list[Row]]:
-    rng = random.Random(1)
     bodies = {name: request_body(shape, binary) for name, shape in MODELS.items()}
-    arrivals, t = [], 0.0
-    while (t := t + rng.expovariate(rate)) < seconds:
-        arrivals.append((t, rng.choice(list(MODELS))))
+    # Poisson arrivals, the load split evenly between the models (the simulator's own draws).
+    arrivals = zoo_arrivals({name: rate / len(MODELS) for name in MODELS}, None, seconds, random.Random(1))
     results: dict[str, list[Row]] = {name: [] for name in MODELS}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as session:
 
