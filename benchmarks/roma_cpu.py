@@ -69,6 +69,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 from gateway_ready import wait_ready  # noqa: E402
+from stall_probe import probing  # noqa: E402
 
 from tests.helpers import cpu_ms_per_request  # noqa: E402
 
@@ -275,13 +276,15 @@ class Served:
     histories: dict[str, list[dict]]
     start: float = 0.0  # the load's time 0 on the gateway's clock (time.perf_counter)
     load_end: dict[str, int] = field(default_factory=dict)  # control periods in each history when the load ended
+    stalls: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # the machine's, during the load (stall_probe.py)
 
 
 def serve_and_drive(
     config: Path, port: int, apps: list[dict], step_s: float, seed: int, *, load: Load | None = None, idle_s: float = 0.0
 ) -> Served:
-    """Start `gateway serve` on ``config``, drive the test's load (or ``load``) through it, read
-    the admin API, wait ``idle_s`` with no load, read the histories, stop it."""
+    """Start `gateway serve` on ``config``, drive the test's load (or ``load``) through it with
+    benchmarks/stall_probe.py watching the machine, read the admin API, wait ``idle_s`` with no
+    load, read the histories, stop it."""
     log_path = config.with_suffix(".log")
     with log_path.open("wb") as log:
         command = [sys.executable, "-m", "gateway.cli", "serve", str(config)]
@@ -299,7 +302,8 @@ def serve_and_drive(
         before = models()
         # perf_counter is CLOCK_MONOTONIC on Linux, the clock of the gateway's history ("t")
         start = time.perf_counter() + 0.05
-        results = asyncio.run(load(base, start) if load else drive(base, apps, step_s, seed, start))
+        with probing() as stalls:
+            results = asyncio.run(load(base, start) if load else drive(base, apps, step_s, seed, start))
         after = models()
         load_end = {name: len(history) for name, history in histories(after).items()}
         if idle_s:
@@ -308,7 +312,7 @@ def serve_and_drive(
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
-    return Served(results, before, after, history, start, load_end)
+    return Served(results, before, after, history, start, load_end, stalls.since(start))
 
 
 # -- the clients' view -------------------------------------------------------------------------
@@ -449,6 +453,7 @@ def run_system(test: str, apps: list[dict], system: str, step_s: float, seed: in
         "system": system,
         "step_s": step_s,
         "clock_start": served.start,
+        "stalls": served.stalls,  # the machine's, from stall_probe.py
         **summary(per_model),
         "per_model": per_model,
     }

@@ -259,6 +259,7 @@ def run_system(
         "test": test,
         "system": system,
         "clock_start": served.start,
+        "stalls": served.stalls,  # the machine's, from stall_probe.py
         **summary(per_model),
         "served_gpu": sum(m["served_gpu"] for m in per_model.values()),
         "served_cpu": sum(m["served_cpu"] for m in per_model.values()),

@@ -32,7 +32,12 @@ What is measured:
 - step4x: the control periods after the step until the per-second mean response time is back
   under the SLA and stays there to the end of the run, counted from the step (0: never over it);
 - sla-change: the same from the SLA change, against the new SLA; and, once the load has
-  stopped, the control periods until the model's cores (admin history) are at its min_cores.
+  stopped, the control periods until the model's cores (admin history) are at its min_cores;
+- beside each violating second of step4x and sla-change: the requests sent in it, the cores of
+  the period step before it, and what benchmarks/stall_probe.py saw of the machine while its
+  requests were served (the longest late wake-up of an idle process, and the most steal time
+  of a second), with how many of the other seconds saw as much. This tells a second that the
+  machine took from one that the control plane lost.
 Plots: docs/roma/step.png, step4x.png and sla-change.png (per system and model, the mean
 response time of each second against the SLA, dashed, and the cores of each control period).
 
@@ -48,6 +53,7 @@ import json
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -76,7 +82,13 @@ from roma_cpu import (  # noqa: E402
     summary,
     window_means,
 )
+from stall_probe import in_window  # noqa: E402
 
+# Stalls of the machine (stall_probe.py) counted beside the violating seconds.
+STALL_MS = (20, 50)
+# Steal time counted beside them: a second of the probe in which the hypervisor took this much
+# of the CPUs' time (over both: a tenth of them) while a second's requests were served.
+STEAL_MS = 200
 SCENARIOS = {"step": "pi,ours,max", "step4x": "pi,ours", "sla-change": "pi,ours"}
 SLA_MS = {"GoogLeNet": 45.0, "ResNet": 54.0}  # the paper's divided by 10, as roma_cpu.py gives them
 CHANGED_MODEL = STAND_INS["GoogLeNet"]
@@ -194,10 +206,41 @@ def run(scenario: str, system: str, step_s: float, idle_s: float, seed: int, tim
         "min_cores": MIN_CORES,
         "clock_start": served.start,
         "load_end": served.load_end,
+        "stalls": served.stalls,
         "workload": apps,
         **summary(per_model),
         "per_model": per_model,
     }
+
+
+def stall_text(row: dict) -> str:
+    """Beside each violating second of the changed model, the machine's longest stall and its
+    steal time while that second's requests were served (stall_probe.py), and how many seconds
+    of the whole load had a stall as long: a second the machine took, or one the control lost."""
+    if not row.get("stalls"):
+        return "no stall probe in this run"
+    record = row["per_model"][CHANGED_MODEL]
+    means = window_means(ok_samples(record))
+    # A second's requests are answered by the end of the next SLA after it.
+    served_by = {w: (w, w + 1 + sla_at(row, CHANGED_MODEL, w) / 1000) for w in means}
+    stalls = {w: in_window(row["stalls"], *span) for w, span in served_by.items()}
+    over = [w for w, mean in means.items() if mean > sla_at(row, CHANGED_MODEL, w)]
+    sent = Counter(int(s[0]) for s in record["samples"])
+    # The cores of the period step taken just before the second began (a react raise within it is not in the history).
+    cores = {round(h["t"] - row["clock_start"]): h["cores"] for h in record["history"]}
+    cells = [
+        f"{w} s ({means[w]:.0f} ms against {sla_at(row, CHANGED_MODEL, w):.0f}; {sent[w]} requests sent, "
+        f"{cores.get(w, float('nan')):.2f} cores; stall {stalls[w][0]:.0f} ms, steal {stalls[w][1]:.0f} ms)"
+        for w in over
+    ]
+    quiet = [w for w in means if w not in over]
+
+    def share(seconds: list[int], kind: int, ms: float) -> str:
+        return f"{sum(stalls[w][kind] > ms for w in seconds)}/{len(seconds)}"
+
+    counts = [f"stall over {ms} ms {share(over, 0, ms)} violating, {share(quiet, 0, ms)} others" for ms in STALL_MS]
+    counts.append(f"steal over {STEAL_MS} ms {share(over, 1, STEAL_MS)} violating, {share(quiet, 1, STEAL_MS)} others")
+    return f"{row['system']}: violating seconds {', '.join(cells) or 'none'}; " + "; ".join(counts)
 
 
 def cell(periods: int | None, of: str = "the end") -> str:
@@ -242,6 +285,9 @@ def print_tables(rows: list[dict]) -> None:
                 f"| {row['system']} | {cell(settle_periods(row, CHANGED_MODEL))} | {violations(row, CHANGED_MODEL)} "
                 f"| {row['core_seconds']:.0f} | {row['mean_rt_ms']:.1f} | {row['max_rt_ms']:.0f} | {row['errors']} |"
             )
+        print()
+        for row in chosen:
+            print(f"- {stall_text(row)}")
     chosen = sorted((r for r in rows if r["scenario"] == "sla-change"), key=lambda r: order.index(r["system"]))
     if chosen:
         row = chosen[0]
@@ -262,6 +308,9 @@ def print_tables(rows: list[dict]) -> None:
                 f"| {row['core_seconds']:.0f} | {cell(idle_periods(row, CHANGED_MODEL), str(row['idle_s']) + ' s')} "
                 f"| {row['errors']} |"
             )
+        print()
+        for row in chosen:
+            print(f"- {stall_text(row)}")
 
 
 def plot(rows: list[dict], scenario: str) -> Path | None:
