@@ -60,7 +60,9 @@ and their ratio to ROMA's and RR+max's; the least core-seconds that could have s
 CPU work (per model and 1 s period, the floor as its CFS quota enforced it, 0.1 core, or the CPU
 time its executor used, whichever is more: every core busy every instant) and its ratio to
 RR+max's; requests served on GPU and CPU; errors. One markdown table per test beside the
-paper's Table 2, the violating windows per rate step, and plots like Figure 2,
+paper's Table 2, the violating windows per rate step, how many of each system's violating
+windows fell in a second of heavy steal time on this machine (benchmarks/stall_probe.py: the
+systems run one after the other, each through its own stretch of the machine), and plots like Figure 2,
 docs/roma/eval-<test>.png (ours and ROMA: per model, mean response time per second against the
 SLA, and cores per control period). Raw results, with every run's client samples and admin
 history, in benchmarks/work/roma_eval.json; ``--table`` reprints from it.
@@ -99,6 +101,7 @@ from roma_cpu import (  # noqa: E402
     time_scaled,
     window_means,
 )
+from stall_probe import in_window  # noqa: E402
 
 from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
@@ -112,6 +115,8 @@ H100_PROFILE = HERE / "profiles" / "h100.csv"
 H100_ROW = {"upconv_s": "upconv_l", "upconv_m": "upconv_l", "upconv_l": "upconv_l", "upconv_xl": "upconv_l"}
 # The peak step of every test asks the GPU for at least this many times what it can serve.
 GPU_OVERLOAD = 1.3
+# Steal time (ms over both CPUs in one second) counted beside the violating windows.
+STEAL_MS = 200
 # Requests per batch on either device: ROMA's schedulers hand an executor one request at a time.
 MAX_BATCH = 1
 # name: (GPU policy, CPU control policy, grant, the paper's name)
@@ -325,6 +330,31 @@ def print_steps(rows: list[dict], step_s: float) -> None:
                     print(f"| {app} ({model}) | {step + 1} | " + " | ".join(cells) + " |")
 
 
+def print_steal(rows: list[dict]) -> None:
+    """Per test and system, how many of its violating 1 s windows (clients) fell while the
+    hypervisor took ``STEAL_MS`` or more of the CPUs in a second (stall_probe.py), beside how
+    many of the run's seconds did: the systems ran one after the other, each through its own
+    share of the machine's bad seconds."""
+    for test in sorted({r["test"] for r in rows}):
+        chosen = sorted((r for r in rows if r["test"] == test and r.get("stalls")), key=lambda r: order(r["system"]))
+        if not chosen:
+            continue
+        print(f"\n{test}: violating 1 s windows (clients) in a second of {STEAL_MS} ms steal or more (stall_probe.py)\n")
+        print("| system | V 1 s | of them in such a second | seconds of the run with as much steal |")
+        print("|---|---|---|---|")
+        for row in chosen:
+            stolen = {round(t) for t, ms in row["stalls"]["steal"] if ms >= STEAL_MS}
+            over = [
+                (w, record["sla_ms"])
+                for record in row["per_model"].values()
+                for w, mean in window_means(ok_samples(record)).items()
+                if mean > record["sla_ms"]
+            ]
+            hit = sum(1 for w, sla_ms in over if in_window(row["stalls"], w, w + 1 + sla_ms / 1000)[1] >= STEAL_MS)
+            seconds = len(row["stalls"]["steal"])
+            print(f"| {label(row['system'])} | {len(over)} | {hit} | {len(stolen)} of {seconds} |")
+
+
 def print_tables(rows: list[dict], step_s: float) -> None:
     """One table per test, every system that ran, beside the paper's Table 2."""
     paper, tests = paper_table(), load_tests()
@@ -423,6 +453,7 @@ def main() -> int:
     step_s = saved.get("step_s", args.step_s)
     print_tables(rows, step_s)
     print_steps(rows, step_s)
+    print_steal(rows)
     for test in sorted({r["test"] for r in rows}):
         path = plot(rows, test, step_s)
         if path:
