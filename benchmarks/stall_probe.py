@@ -3,10 +3,11 @@ into every process on it, measured beside a benchmark's load.
 
 A second process sleeps in steps of ``SLEEP_S`` and writes down each wake-up later than
 ``REPORT_MS`` past its due time, and once a second the hypervisor's steal time (the CPU time
-the virtual machine's CPUs were ready to run but not given, /proc/stat). Neither is the
-gateway's doing: a late wake-up of this idle process means that every runnable process of the
-machine was held up as long. The ROMA benchmarks read it beside each violating second, to
-tell a second that the control plane lost from one that the machine took.
+the virtual machine's CPUs were ready to run but not given, /proc/stat). A late wake-up of
+this idle process means that no CPU of the machine was free for it that long: every process
+waiting to run then waited at least as long. Steal is CPU time that every process of the
+virtual machine lost. The ROMA benchmarks read both beside each violating second, to tell a
+second that the control plane lost from one that the machine took.
 
 Times are time.perf_counter's (CLOCK_MONOTONIC on Linux, the same in every process), so they
 line up with the clients' samples and the gateway's history.
