@@ -27,10 +27,10 @@ def test_a_seconds_stalls_are_read_from_the_probes_lines_on_the_benchmarks_clock
 def test_the_probe_runs_beside_the_block_and_reports_every_second():
     with probing() as stalls:
         started = time.perf_counter()
-        time.sleep(3.2)
+        time.sleep(4.2)
     times = [t for t, ms in stalls.since(started)["steal"] if ms >= 0]
     # A reading a second, on the same clock as this process (another process's perf_counter):
     # the first within the probe's start-up and a second of the block's start.
     assert len(times) >= 2
-    assert 0.5 < times[0] < 2.0
+    assert 0.5 < times[0] < 2.5
     assert all(0.5 < later - earlier < 1.5 for earlier, later in itertools.pairwise(times))
