@@ -50,6 +50,9 @@ import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_serve import request_body  # noqa: E402
 
 from gateway.config import load_config  # noqa: E402
 from gateway.engine import Engine  # noqa: E402
@@ -82,17 +85,11 @@ cpu = {{ cores = 1.0, threads = 1 }}
 
 
 def bodies() -> dict[str, tuple[bytes, str | None]]:
-    """The request body and its Inference-Header-Content-Length, JSON and binary."""
-    values = np.full(SHAPE, 0.1, dtype=np.float32)
-    tensor = {"name": "x", "shape": SHAPE, "datatype": "FP32"}
-    as_json = orjson.dumps({"inputs": [{**tensor, "data": values.ravel().tolist()}]})
-    header = orjson.dumps(
-        {
-            "inputs": [{**tensor, "parameters": {"binary_data_size": values.nbytes}}],
-            "parameters": {"binary_data_output": True},
-        }
-    )
-    return {"json": (as_json, None), "binary": (header + values.tobytes(), str(len(header)))}
+    """The request body and its Inference-Header-Content-Length, JSON and binary (gpu_serve.py's
+    bodies; the binary one asks for a binary output too)."""
+    as_json, _ = request_body(SHAPE, binary=False)
+    binary, headers = request_body(SHAPE, binary=True, binary_output=True)
+    return {"json": (as_json, None), "binary": (binary, headers["Inference-Header-Content-Length"])}
 
 
 @dataclass

@@ -60,14 +60,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def request_body(shape: list[int], binary: bool) -> tuple[bytes, dict[str, str]]:
+def request_body(shape: list[int], binary: bool, binary_output: bool = False) -> tuple[bytes, dict[str, str]]:
     """A batch-1 infer request of 0.1s: the tensor as a JSON list, or as raw bytes after the JSON
-    header (the binary tensor extension, as tritonclient sends with binary_data=True)."""
+    header (the binary tensor extension, as tritonclient sends with binary_data=True), asking for
+    the outputs as raw bytes too with ``binary_output``."""
     values = np.full(shape, 0.1, dtype=np.float32)
     tensor: dict = {"name": "x", "shape": shape, "datatype": "FP32"}
     if not binary:
         return orjson.dumps({"inputs": [{**tensor, "data": values.ravel().tolist()}]}), {}
-    header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": values.nbytes}}]})
+    request: dict = {"inputs": [{**tensor, "parameters": {"binary_data_size": values.nbytes}}]}
+    if binary_output:
+        request["parameters"] = {"binary_data_output": True}
+    header = orjson.dumps(request)
     headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
     return header + values.tobytes(), headers
 
