@@ -158,12 +158,14 @@ def timeline(results: dict[str, list[Row]], sla_ms: dict[str, float], step_s: fl
     """Per ``step_s`` of the run (by when each request was due): the requests over their SLA and
     the slowest response (ms). Late requests bunched in a few steps are stalls; spread over all
     of them, a lack of capacity."""
-    steps: dict[int, list[float]] = {}
+    late: Counter[int] = Counter()
+    slowest: dict[int, float] = {}
     for name, rows in results.items():
         for _, _, ms, at in rows:
-            late, slowest = steps.setdefault(int(at / step_s), [0, 0.0])
-            steps[int(at / step_s)] = [late + (ms > sla_ms[name]), max(slowest, ms)]
-    return " ".join(f"{i * step_s:g}s:{late:.0f}/{slowest:.0f}" for i, (late, slowest) in sorted(steps.items()))
+            step = int(at / step_s)
+            late[step] += ms > sla_ms[name]
+            slowest[step] = max(slowest.get(step, 0.0), ms)
+    return " ".join(f"{i * step_s:g}s:{late[i]}/{slowest[i]:.0f}" for i in sorted(slowest))
 
 
 def print_results(results: dict[str, list[Row]], sla_ms: dict[str, float]) -> None:

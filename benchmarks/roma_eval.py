@@ -101,7 +101,7 @@ from roma_cpu import (  # noqa: E402
     time_scaled,
     window_means,
 )
-from stall_probe import in_window  # noqa: E402
+from stall_probe import in_second_sent  # noqa: E402
 
 from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
@@ -350,7 +350,7 @@ def print_steal(rows: list[dict]) -> None:
                 for w, mean in window_means(ok_samples(record)).items()
                 if mean > record["sla_ms"]
             ]
-            hit = sum(1 for w, sla_ms in over if in_window(row["stalls"], w, w + 1 + sla_ms / 1000)[1] >= STEAL_MS)
+            hit = sum(1 for w, sla_ms in over if in_second_sent(row["stalls"], w, sla_ms)[1] >= STEAL_MS)
             seconds = len(row["stalls"]["steal"])
             print(f"| {label(row['system'])} | {len(over)} | {hit} | {len(stolen)} of {seconds} |")
 

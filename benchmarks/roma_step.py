@@ -82,7 +82,7 @@ from roma_cpu import (  # noqa: E402
     summary,
     window_means,
 )
-from stall_probe import in_window  # noqa: E402
+from stall_probe import in_second_sent  # noqa: E402
 
 # Stalls of the machine (stall_probe.py) counted beside the violating seconds.
 STALL_MS = (20, 50)
@@ -221,9 +221,7 @@ def stall_text(row: dict) -> str:
         return "no stall probe in this run"
     record = row["per_model"][CHANGED_MODEL]
     means = window_means(ok_samples(record))
-    # A second's requests are answered by the end of the next SLA after it.
-    served_by = {w: (w, w + 1 + sla_at(row, CHANGED_MODEL, w) / 1000) for w in means}
-    stalls = {w: in_window(row["stalls"], *span) for w, span in served_by.items()}
+    stalls = {w: in_second_sent(row["stalls"], w, sla_at(row, CHANGED_MODEL, w)) for w in means}
     over = [w for w, mean in means.items() if mean > sla_at(row, CHANGED_MODEL, w)]
     sent = Counter(int(s[0]) for s in record["samples"])
     # The cores of the period step taken just before the second began (a react raise within it is not in the history).

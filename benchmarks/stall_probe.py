@@ -94,3 +94,9 @@ def in_window(recorded: dict[str, list[tuple[float, float]]], begin_s: float, en
     late = max((ms for t, ms in recorded["late"] if begin_s <= t < end_s), default=0.0)
     steal = max((ms for t, ms in recorded["steal"] if begin_s < t < end_s + 1.0), default=0.0)
     return late, steal
+
+
+def in_second_sent(recorded: dict[str, list[tuple[float, float]]], second: int, sla_ms: float) -> tuple[float, float]:
+    """``in_window`` for the requests sent in ``second`` of a benchmark's load: they are answered
+    by the end of the next SLA after it."""
+    return in_window(recorded, second, second + 1 + sla_ms / 1000)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from stall_probe import Stalls, in_window, probing  # noqa: E402
+from stall_probe import Stalls, in_second_sent, in_window, probing  # noqa: E402
 
 
 def test_a_seconds_stalls_are_read_from_the_probes_lines_on_the_benchmarks_clock():
@@ -22,6 +22,9 @@ def test_a_seconds_stalls_are_read_from_the_probes_lines_on_the_benchmarks_clock
     assert in_window(recorded, 0.0, 1.2) == (12.5, 250.0)
     # Second 2: no late wake-up; the probe's second that ended at 3 took nothing.
     assert in_window(recorded, 2.0, 2.5) == (0.0, 0.0)
+    # The requests sent in second 0 under a 200 ms SLA are answered by 1.2 s.
+    assert in_second_sent(recorded, 0, 200.0) == in_window(recorded, 0.0, 1.2)
+    assert in_second_sent(recorded, 1, 100.0) == (40.0, 250.0)
 
 
 def test_the_probe_runs_beside_the_block_and_reports_every_second():
