@@ -107,8 +107,8 @@ from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
 
 RATE_SCALE = 2
-# The floor as the core-seconds count it: a CFS quota is at least 1 ms a period, so MIN_CORES
-# (0.05) is enforced as 0.1 core at the executors' 10 ms period (executors/limits.py).
+# The floor as the core-seconds count it: MIN_CORES (0.05) as the CFS quota enforces it, the
+# least quota (1 ms) every 20 ms (executors/limits.py; 0.1 core before the period stretched).
 ENFORCED_FLOOR = quota_cores(MIN_CORES, CFS_PERIOD_US)
 H100_PROFILE = HERE / "profiles" / "h100.csv"
 # The H100 row whose speedup each stand-in takes: the nearest measured model of its family.

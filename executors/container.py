@@ -42,7 +42,7 @@ import psutil
 from docker.models.containers import Container
 
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor
-from executors.limits import CFS_PERIOD_US, quota_cores, quota_us
+from executors.limits import CFS_PERIOD_US, cfs_bandwidth, quota_cores
 
 log = logging.getLogger("executors")
 # How long an exited container's output may take to reach the gateway before it says how it ended.
@@ -220,8 +220,9 @@ class DockerExecutor(SupervisedExecutor):
         if self.memory_mb is not None:
             options |= {"mem_limit": f"{int(self.memory_mb)}m", "memswap_limit": f"{int(self.memory_mb)}m"}
         if self.device == "cpu":
-            options |= {"cpu_period": self.cfs_period_us, "cpu_quota": quota_us(self.cores, self.cfs_period_us)}
-            self._enforced = (self.cores, quota_cores(self.cores, self.cfs_period_us))
+            quota, period = cfs_bandwidth(self.cores, self.cfs_period_us)
+            options |= {"cpu_period": period, "cpu_quota": quota}
+            self._enforced = (self.cores, quota / period)
         elif not self.emulate:
             if not self.docker.nvidia:
                 raise DockerUnavailable(
@@ -308,16 +309,16 @@ class DockerExecutor(SupervisedExecutor):
         applied = None
         while applied != self.cores and self.container is not None:
             applied = self.cores
-            quota = quota_us(applied, self.cfs_period_us)
+            quota, period = cfs_bandwidth(applied, self.cfs_period_us)
             try:
-                await self.docker.call(self.container.update, cpu_period=self.cfs_period_us, cpu_quota=quota)
+                await self.docker.call(self.container.update, cpu_period=period, cpu_quota=quota)
             except docker.errors.DockerException as error:
                 self._enforced = None
                 log.error(
                     "executor %s: could not set %.2f cores on container %s: %s", self.id, applied, self.container.name, error
                 )
                 return
-            self._enforced = (applied, quota / self.cfs_period_us)
+            self._enforced = (applied, quota / period)
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {

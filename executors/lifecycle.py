@@ -172,7 +172,7 @@ class SupervisedExecutor(abc.ABC):
     @property
     def enforced_cores(self) -> float:
         """The cores really enforced for ``self.cores``, which the core-seconds count: the CFS quota's
-        floor (0.1 core at a 10 ms period) and affinity's whole CPUs make it more than the grant.
+        floor (0.01 core) and affinity's whole CPUs make it more than the grant.
         Before the quota is carried out, what it will enforce; with nothing to enforce it, the grant."""
         if self._enforced is not None and self._enforced[0] == self.cores:
             return self._enforced[1]

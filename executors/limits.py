@@ -13,15 +13,19 @@ both controllers enabled (a process can be in a single v2 group, so CPU and memo
   killed by the kernel's OOM killer and restarted like any crashed one; the group's OOM-kill count
   tells the log why it died. Docker executors get both limits from Docker instead
   (``cpu_quota``/``cpu_period``, ``mem_limit``; the container's ``State.OOMKilled``), with the same
-  quota arithmetic (``quota_us``).
+  quota arithmetic (``cfs_bandwidth``).
 
-What is enforced is not always what was granted, and the meters count what is enforced: the
-kernel's smallest quota is 1 ms, so under 0.1 core at a 10 ms period every grant is 0.1 core, and
+What is enforced is not always what was granted, and the meters count what is enforced:
 affinity rounds up to whole CPUs. ``Actuator.apply`` returns the cores really enforced.
 
 The CFS period is 10 ms rather than the kernel's 100 ms: a process that spends its quota is
 paused for the rest of the period, and at 100 ms that pause alone would break the tens-of-ms
-SLAs served here (a 0.3-core executor could stall 70 ms).
+SLAs served here (a 0.3-core executor could stall 70 ms). The kernel's smallest quota is 1 ms,
+though, so at 10 ms no grant under 0.1 core could be enforced: a model idling at a floor of 0.05
+core would hold 0.1. A grant under the period's least (``cfs_bandwidth``) gets that 1 ms quota
+over a longer period instead, 1 ms every 20 ms for 0.05 core, up to the kernel's own 100 ms
+(0.01 core); its pauses are longer, but at such a grant a request's own CPU time, stretched
+twenty times and more, is what its response time is made of.
 """
 
 from __future__ import annotations
@@ -41,19 +45,29 @@ log = logging.getLogger("executors")
 CFS_PERIOD_US = 10_000
 # The kernel refuses a CFS quota under 1 ms (and so does Docker).
 MIN_QUOTA_US = 1_000
+# The longest period a grant under the period's least is given: the kernel's own default.
+MAX_CFS_PERIOD_US = 100_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # A v1 hierarchy has this file at its root when the controller is mounted there.
 _V1_PROBE = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes"}
 
 
-def quota_us(cores: float, period_us: int) -> int:
-    """The CFS quota for ``cores``, floored at the kernel's minimum."""
-    return max(MIN_QUOTA_US, round(cores * period_us))
+def cfs_bandwidth(cores: float, period_us: int) -> tuple[int, int]:
+    """The CFS quota and period, in us, that enforce ``cores`` at ``period_us``: that period, or
+    for a grant whose quota would be under the kernel's 1 ms there, the period that the 1 ms
+    quota gives the grant in (at most ``MAX_CFS_PERIOD_US``, never shorter than ``period_us``)."""
+    if cores * period_us < MIN_QUOTA_US:
+        # Compared before dividing: 1 ms over a grant of a few denormal cores is infinite.
+        longest = cores <= MIN_QUOTA_US / MAX_CFS_PERIOD_US
+        period_us = max(period_us, MAX_CFS_PERIOD_US if longest else math.ceil(MIN_QUOTA_US / cores))
+    return max(MIN_QUOTA_US, round(cores * period_us)), period_us
 
 
 def quota_cores(cores: float, period_us: int) -> float:
-    """The cores a CFS quota for ``cores`` really gives: 0.05 core is 0.1 core at a 10 ms period."""
-    return quota_us(cores, period_us) / period_us
+    """The cores the CFS bandwidth for ``cores`` really gives: the grant itself down to 0.01 core
+    (the kernel's 1 ms quota in its default 100 ms period), 0.01 core under that."""
+    quota, period = cfs_bandwidth(cores, period_us)
+    return quota / period
 
 
 def group_name(executor_id: str) -> str:
@@ -129,7 +143,7 @@ class ExecutorCgroup:
 
     def set_cpu_quota(self, cores: float, period_us: int = CFS_PERIOD_US) -> float:
         """Cap the group at ``cores``; returns the cores really enforced (see ``quota_cores``)."""
-        group, quota = self._ensure(), quota_us(cores, period_us)
+        group, (quota, period_us) = self._ensure(), cfs_bandwidth(cores, period_us)
         if self.hierarchy.v2:
             (group / "cpu.max").write_text(f"{quota} {period_us}")
         else:

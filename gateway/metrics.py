@@ -41,7 +41,7 @@ class GatewayMetrics:
         self.sla_seconds = Gauge("gateway_sla_seconds", "The model's response-time SLA", ["model"], registry=r)
         self.violations = Counter("gateway_sla_violations", "Requests answered after their SLA", ["model"], registry=r)
         self.cores = Gauge("gateway_executor_cores", "CPU cores granted to an executor", ["model", "executor"], registry=r)
-        # What the quota really gives: at least the CFS floor (0.1 core at 10 ms), whole CPUs under affinity.
+        # What the quota really gives: at least the CFS floor (0.01 core), whole CPUs under affinity.
         self.enforced_cores = Gauge(
             "gateway_executor_enforced_cores", "CPU cores enforced on an executor", ["model", "executor"], registry=r
         )

@@ -124,7 +124,7 @@ async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, t
     config = docker_config(
         tmp_path / "config.toml",
         '[models.busy]\npath = "busy.onnx"\nsla_ms = 1000\nmax_batch_size = 4\n'
-        "cpu = { cores = 0.3, threads = 2, max_cores = 2 }\n",
+        "cpu = { cores = 0.3, threads = 2, min_cores = 0.05, max_cores = 2 }\n",
     )
     with run_gateway(config) as gateway:
         url = f"{gateway.base}/v2/models/busy/infer"
@@ -144,6 +144,15 @@ async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, t
         assert lifted > 2.5 * capped
         (after,) = gateway.admin("busy")["executors"]
         assert after["container"] == executor["container"] and after["restarts"] == 0  # resized, not restarted
+
+        # Under 0.1 core the 1 ms least quota goes over a longer period: 0.05 core, not 0.1.
+        response = requests.put(f"{gateway.base}/admin/models/busy/cores", json={"cores": 0.05}, timeout=10)
+        assert response.status_code == 200, response.text
+        await asyncio.sleep(0.5)
+        container.reload()
+        assert (container.attrs["HostConfig"]["CpuQuota"], container.attrs["HostConfig"]["CpuPeriod"]) == (1000, 20000)
+        (floored,) = gateway.admin("busy")["executors"]
+        assert floored["enforced_cores"] == pytest.approx(0.05)
 
 
 async def test_a_killed_container_is_replaced_and_every_request_ends(client, tmp_path):

@@ -17,7 +17,16 @@ import pytest
 import requests
 
 from executors.container import DockerBackend, DockerExecutor
-from executors.limits import CFS_PERIOD_US, MIN_QUOTA_US, AffinityActuator, make_actuator, unavailable_reason
+from executors.limits import (
+    CFS_PERIOD_US,
+    MAX_CFS_PERIOD_US,
+    MIN_QUOTA_US,
+    AffinityActuator,
+    cfs_bandwidth,
+    make_actuator,
+    quota_cores,
+    unavailable_reason,
+)
 from executors.process import ProcessExecutor
 from tests.helpers import busy_model, run_gateway
 
@@ -87,34 +96,77 @@ cpu = { cores = 0.5, threads = 2, max_cores = 2 }
         assert gateway.executor_pid("busy") == pid  # resized, not restarted
 
 
-@pytest.fixture
-def sleeper():
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield process
-    process.kill()
-    process.wait()
+def python_process(code: str):
+    """A fixture: a Python process running ``code``, killed at the end of the test."""
+
+    @pytest.fixture
+    def fixture():
+        process = subprocess.Popen([sys.executable, "-c", code])
+        yield process
+        process.kill()
+        process.wait()
+
+    return fixture
+
+
+sleeper = python_process("import time; time.sleep(60)")
+spinner = python_process("while True: pass")  # would use a whole core
+
+
+def cpu_share(pid: int, seconds: float) -> float:
+    """The CPU time ``pid`` used over ``seconds`` of wall time."""
+    process = psutil.Process(pid)
+    before, started = process.cpu_times(), time.monotonic()
+    time.sleep(seconds)
+    after, elapsed = process.cpu_times(), time.monotonic() - started
+    return (after.user + after.system - before.user - before.system) / elapsed
 
 
 @needs_cgroup
-def test_a_grant_under_the_cfs_floor_counts_the_floor(sleeper):
+def test_a_grant_under_a_tenth_of_a_core_is_enforced_over_a_longer_period(spinner):
+    # At the 10 ms period the kernel's least quota, 1 ms, is 0.1 core: 0.05 core gets that 1 ms
+    # every 20 ms instead, and a process that would spin a whole core uses 0.05 of one.
     actuator = make_actuator("cgroup")
     assert CFS_PERIOD_US == 10_000
-    try:
-        actuator.attach("cpu-tiny", sleeper.pid)
-        assert actuator.apply("cpu-tiny", 0.05) == pytest.approx(0.1)
+
+    def bandwidth() -> list[int]:
         group = actuator.hierarchy.group("cpu-tiny").path
         if actuator.hierarchy.v2:
-            assert (group / "cpu.max").read_text().split() == [str(MIN_QUOTA_US), str(CFS_PERIOD_US)]
-        else:
-            assert int((group / "cpu.cfs_quota_us").read_text()) == MIN_QUOTA_US == 1000
-            assert int((group / "cpu.cfs_period_us").read_text()) == CFS_PERIOD_US
-        assert str(sleeper.pid) in (group / "cgroup.procs").read_text().split()
-        assert actuator.apply("cpu-tiny", 0.3) == pytest.approx(0.3)  # above the floor, as granted
+            return [int(v) for v in (group / "cpu.max").read_text().split()]
+        return [int((group / "cpu.cfs_quota_us").read_text()), int((group / "cpu.cfs_period_us").read_text())]
+
+    try:
+        actuator.attach("cpu-tiny", spinner.pid)
+        assert actuator.apply("cpu-tiny", 0.05) == pytest.approx(0.05)
+        assert bandwidth() == [MIN_QUOTA_US, 20_000]
+        used = cpu_share(spinner.pid, 3.0)
+        assert 0.03 < used < 0.075, used  # 0.1 where the period stayed 10 ms
+        # Past the kernel's own 100 ms period the 1 ms quota is the floor: 0.01 core.
+        assert actuator.apply("cpu-tiny", 0.004) == pytest.approx(0.01)
+        assert bandwidth() == [MIN_QUOTA_US, MAX_CFS_PERIOD_US]
+        # From 0.1 core up, the configured period and the quota as granted.
+        assert actuator.apply("cpu-tiny", 0.3) == pytest.approx(0.3)
+        assert bandwidth() == [3_000, CFS_PERIOD_US]
+        assert str(spinner.pid) in (actuator.hierarchy.group("cpu-tiny").path / "cgroup.procs").read_text().split()
     finally:
-        sleeper.kill()
-        sleeper.wait()  # a group holding a process cannot be removed
+        spinner.kill()
+        spinner.wait()  # a group holding a process cannot be removed
         actuator.close()
     assert not actuator.hierarchy.base.exists()
+
+
+def test_the_cfs_bandwidth_keeps_the_period_where_the_quota_fits_it():
+    assert cfs_bandwidth(0.5, 10_000) == (5_000, 10_000)
+    assert cfs_bandwidth(0.1, 10_000) == (1_000, 10_000)
+    assert cfs_bandwidth(0.05, 10_000) == (1_000, 20_000)
+    assert cfs_bandwidth(0.03, 10_000) == (1_000, 33_334)
+    assert cfs_bandwidth(0.0, 10_000) == (1_000, MAX_CFS_PERIOD_US)
+    assert cfs_bandwidth(0.005, 10_000) == (1_000, MAX_CFS_PERIOD_US)
+    assert cfs_bandwidth(5e-324, 10_000) == (1_000, MAX_CFS_PERIOD_US)  # 1 ms over it would be infinite
+    # A configured period longer than the stretch is never shortened.
+    assert cfs_bandwidth(0.005, 500_000) == (2_500, 500_000)
+    assert quota_cores(0.05, 10_000) == pytest.approx(0.05)
+    assert quota_cores(0.005, 10_000) == pytest.approx(0.01)
 
 
 def test_cpu_affinity_counts_the_whole_cpus_it_pins(sleeper):
@@ -137,8 +189,10 @@ def test_an_executor_reports_the_cores_its_actuator_will_enforce(tmp_path):
     if unavailable_reason("cpu") is None:
         actuator = make_actuator("cgroup")
         try:
-            tiny = executor(cores=0.05, actuator=actuator)
-            assert tiny.enforced_cores == pytest.approx(0.1)
+            tiny = executor(cores=0.005, actuator=actuator)
+            assert tiny.enforced_cores == pytest.approx(0.01)
+            tiny.set_cores(0.05)
+            assert tiny.enforced_cores == pytest.approx(0.05)
             tiny.set_cores(0.5)
             assert tiny.enforced_cores == pytest.approx(0.5)
         finally:
@@ -146,9 +200,9 @@ def test_an_executor_reports_the_cores_its_actuator_will_enforce(tmp_path):
     backend = DockerBackend()  # no daemon needed: nothing is started
     try:
         container = DockerExecutor(
-            "cpu-m", {"m": Path("m.onnx")}, device="cpu", threads=1, cores=0.05, socket_dir=tmp_path, docker_backend=backend
+            "cpu-m", {"m": Path("m.onnx")}, device="cpu", threads=1, cores=0.005, socket_dir=tmp_path, docker_backend=backend
         )
-        assert container.enforced_cores == pytest.approx(0.1)  # Docker's quota has the same 1 ms floor
+        assert container.enforced_cores == pytest.approx(0.01)  # Docker's quota has the same 1 ms floor
     finally:
         backend.close()
 

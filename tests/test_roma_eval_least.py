@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from roma_eval import ENFORCED_FLOOR, floor_or_work  # noqa: E402
 
-from executors.limits import CFS_PERIOD_US, MIN_QUOTA_US  # noqa: E402
+from executors.limits import MIN_QUOTA_US  # noqa: E402
 
 
 def row(*cpu_s_per_period: float | None, start: float = 100.0) -> dict:
@@ -20,11 +20,11 @@ def row(*cpu_s_per_period: float | None, start: float = 100.0) -> dict:
     return {"clock_start": start, "per_model": {"upconv_xl": {"history": history}}}
 
 
-def test_a_quiet_period_counts_the_quota_floor_not_the_configured_one():
-    # 0.05 core is configured, but no CFS quota is under 1 ms a period: 0.1 core at 10 ms.
-    assert ENFORCED_FLOOR == pytest.approx(MIN_QUOTA_US / CFS_PERIOD_US) == pytest.approx(0.1)
+def test_a_quiet_period_counts_the_floor_as_the_quota_enforces_it():
+    # 0.05 core is configured: the least CFS quota, 1 ms, every 20 ms.
+    assert ENFORCED_FLOOR == pytest.approx(MIN_QUOTA_US / 20_000) == pytest.approx(0.05)
     # Two quiet seconds at the floor, one busy second at the CPU time it used.
-    assert floor_or_work(row(0.01, 0.0, 0.3), duration_s=3) == pytest.approx(0.1 + 0.1 + 0.3)
+    assert floor_or_work(row(0.01, 0.0, 0.3), duration_s=3) == pytest.approx(0.05 + 0.05 + 0.3)
 
 
 def test_only_the_run_itself_counts_and_older_records_give_none():

@@ -235,7 +235,8 @@ class ControlConfig:
     """ROMA's GC: cores kept to feed the GPUs; under node.cpu_cores."""
     actuator: Actuator = "auto"
     cfs_period_us: Annotated[int, Field(ge=1000, le=1_000_000)] = 10_000
-    """The CFS period of cgroup quotas, in the kernel's range."""
+    """The CFS period of cgroup quotas, in the kernel's range; a grant whose quota would be under
+    the kernel's 1 ms gets 1 ms over a longer period, up to 100 ms (executors/limits.py)."""
 
 
 def _host_port(value: str) -> str:
