@@ -64,8 +64,8 @@ def cfs_bandwidth(cores: float, period_us: int) -> tuple[int, int]:
 
 
 def quota_cores(cores: float, period_us: int) -> float:
-    """The cores the CFS bandwidth for ``cores`` really gives: the grant itself down to 0.01 core
-    (the kernel's 1 ms quota in its default 100 ms period), 0.01 core under that."""
+    """The cores the CFS bandwidth for ``cores`` really gives: the grant itself, down to 1 ms in
+    the longer of ``MAX_CFS_PERIOD_US`` and ``period_us`` (0.01 core at the default period)."""
     quota, period = cfs_bandwidth(cores, period_us)
     return quota / period
 
