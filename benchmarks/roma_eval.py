@@ -101,7 +101,7 @@ from roma_cpu import (  # noqa: E402
     time_scaled,
     window_means,
 )
-from stall_probe import in_second_sent  # noqa: E402
+from stall_probe import HEAVY_STEAL_MS, in_second_sent  # noqa: E402
 
 from executors.limits import CFS_PERIOD_US, quota_cores  # noqa: E402
 from schedulers.gpu import DEFAULT_POLICY  # noqa: E402
@@ -115,8 +115,6 @@ H100_PROFILE = HERE / "profiles" / "h100.csv"
 H100_ROW = {"upconv_s": "upconv_l", "upconv_m": "upconv_l", "upconv_l": "upconv_l", "upconv_xl": "upconv_l"}
 # The peak step of every test asks the GPU for at least this many times what it can serve.
 GPU_OVERLOAD = 1.3
-# Steal time (ms over both CPUs in one second) counted beside the violating windows.
-STEAL_MS = 200
 # Requests per batch on either device: ROMA's schedulers hand an executor one request at a time.
 MAX_BATCH = 1
 # name: (GPU policy, CPU control policy, grant, the paper's name)
@@ -332,25 +330,25 @@ def print_steps(rows: list[dict], step_s: float) -> None:
 
 def print_steal(rows: list[dict]) -> None:
     """Per test and system, how many of its violating 1 s windows (clients) fell while the
-    hypervisor took ``STEAL_MS`` or more of the CPUs in a second (stall_probe.py), beside how
+    hypervisor took ``HEAVY_STEAL_MS`` or more of the CPUs in a second (stall_probe.py), beside how
     many of the run's seconds did: the systems ran one after the other, each through its own
     share of the machine's bad seconds."""
     for test in sorted({r["test"] for r in rows}):
         chosen = sorted((r for r in rows if r["test"] == test and r.get("stalls")), key=lambda r: order(r["system"]))
         if not chosen:
             continue
-        print(f"\n{test}: violating 1 s windows (clients) in a second of {STEAL_MS} ms steal or more (stall_probe.py)\n")
+        print(f"\n{test}: violating 1 s windows (clients) in a second of {HEAVY_STEAL_MS} ms steal or more (stall_probe.py)\n")
         print("| system | V 1 s | of them in such a second | seconds of the run with as much steal |")
         print("|---|---|---|---|")
         for row in chosen:
-            stolen = {round(t) for t, ms in row["stalls"]["steal"] if ms >= STEAL_MS}
+            stolen = {round(t) for t, ms in row["stalls"]["steal"] if ms >= HEAVY_STEAL_MS}
             over = [
                 (w, record["sla_ms"])
                 for record in row["per_model"].values()
                 for w, mean in window_means(ok_samples(record)).items()
                 if mean > record["sla_ms"]
             ]
-            hit = sum(1 for w, sla_ms in over if in_second_sent(row["stalls"], w, sla_ms)[1] >= STEAL_MS)
+            hit = sum(1 for w, sla_ms in over if in_second_sent(row["stalls"], w, sla_ms)[1] >= HEAVY_STEAL_MS)
             seconds = len(row["stalls"]["steal"])
             print(f"| {label(row['system'])} | {len(over)} | {hit} | {len(stolen)} of {seconds} |")
 
