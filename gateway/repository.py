@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from pydantic import ValidationError
 
 from gateway.config import ConfigError, GatewayConfig, ModelConfig
@@ -79,8 +80,10 @@ def parse_override(text: object) -> dict[str, Any]:
     if not isinstance(text, str):
         raise InvalidRequest("parameter 'config' must be a string holding a JSON object of the model's config keys")
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
+        # orjson, as for a body (gateway/server.py): json.loads raises RecursionError, a 500, on
+        # nesting deeper than the interpreter's stack.
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
         raise InvalidRequest(f"parameter 'config' is not valid JSON: {error}") from None
     if not isinstance(value, dict):
         raise InvalidRequest("parameter 'config' must hold a JSON object of the model's config keys")

@@ -142,6 +142,9 @@ def test_a_bad_override_and_an_unknown_model_are_refused_naming_them(repository)
         client.load_model("small", headers=ADMIN, config=json.dumps({"sla_ms": -5}))
     with pytest.raises(InferenceServerException, match=r"no model 'nothing' in the repository"):
         client.load_model("nothing", headers=ADMIN)
+    # Nesting deeper than the parser's recursion is refused as not JSON, as in a body.
+    with pytest.raises(InferenceServerException, match=r"parameter 'config' is not valid JSON"):
+        client.load_model("small", headers=ADMIN, config="[" * 100_000 + "]" * 100_000)
     # The admin token is needed; tritonclient's own index call reads the same list.
     assert requests.post(f"{repository.base}/v2/repository/models/small/load", timeout=10).status_code == 401
     listed = {e["name"]: e["state"] for e in client.get_model_repository_index(headers=ADMIN)}
