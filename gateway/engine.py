@@ -467,6 +467,14 @@ class Engine:
         served_as = getattr(runtime, "served_as", None)
         return sorted(self.versions[served_as[0]], key=int) if served_as else ["1"]
 
+    def not_served(self, name: str, version: str | None) -> str:
+        """Why ``resolve(name, version)`` found nothing, for the 404: a version the model does not
+        have (naming the versions it has), or a name not served (naming those that are)."""
+        served = self.resolve(name, None) or self.pipelines.get(name)
+        if version and served is not None:
+            return f"model '{name}' has no version '{version}'; served versions: {', '.join(self.versions_of(served))}"
+        return f"unknown model '{name}'; served models: {', '.join(self.served_names())}"
+
     def resolve(self, name: str, version: str | None) -> ModelRuntime | None:
         """The runtime that serves ``name`` at ``version`` (None: the default), or None."""
         versions = self.versions.get(name)

@@ -283,12 +283,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         engine = self.engine
         runtime = engine.resolve(name, version or None) or (engine.pipelines.get(name) if version in ("", "1") else None)
         if runtime is None:
-            if name in engine.versions:
-                served = ", ".join(sorted(engine.versions[name], key=int))
-                message = f"model '{name}' has no version '{version}'; served versions: {served}"
-                await context.abort(grpc.StatusCode.NOT_FOUND, message)
-            known = ", ".join(engine.served_names())
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; served models: {known}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, engine.not_served(name, version or None))
         return runtime
 
 

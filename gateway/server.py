@@ -198,11 +198,7 @@ class Handlers:
         version = request.match_info.get("version")
         runtime = self.engine.resolve(name, version) or (self.engine.pipelines.get(name) if version in (None, "1") else None)
         if runtime is None:
-            if name in self.engine.versions:
-                served = ", ".join(sorted(self.engine.versions[name], key=int))
-                raise InvalidRequest(f"model '{name}' has no version '{version}'; served versions: {served}", status=404)
-            known = ", ".join(self.engine.served_names())
-            raise InvalidRequest(f"unknown model '{name}'; served models: {known}", status=404)
+            raise InvalidRequest(self.engine.not_served(name, version), status=404)
         return runtime
 
     # -- KServe v2 --------------------------------------------------------------------------

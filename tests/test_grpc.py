@@ -78,6 +78,10 @@ def test_refusals_carry_their_code_and_the_http_words(grpc_gateway):
     with pytest.raises(InferenceServerException) as unknown:
         client.infer("nope", [_tensor("x", np.zeros((1, 512), np.float32))])
     assert unknown.value.status() == "StatusCode.NOT_FOUND" and "unknown model 'nope'" in unknown.value.message()
+    with pytest.raises(InferenceServerException) as no_version:
+        client.infer("mlp", [_tensor("x", np.zeros((1, 512), np.float32))], model_version="7")
+    assert no_version.value.status() == "StatusCode.NOT_FOUND"
+    assert "model 'mlp' has no version '7'; served versions: 1" in no_version.value.message()
     with pytest.raises(InferenceServerException) as too_many:
         client.infer("mlp", [_tensor("x", np.zeros((33, 512), np.float32))])
     assert "batch dimension 33 is outside 1..32" in too_many.value.message()
