@@ -470,10 +470,16 @@ class Engine:
     def not_served(self, name: str, version: str | None) -> str:
         """Why ``resolve(name, version)`` found nothing, for the 404: a version the model does not
         have (naming the versions it has), or a name not served (naming those that are)."""
-        served = self.resolve(name, None) or self.pipelines.get(name)
+        served = self.served(name, None)
         if version and served is not None:
             return f"model '{name}' has no version '{version}'; served versions: {', '.join(self.versions_of(served))}"
         return f"unknown model '{name}'; served models: {', '.join(self.served_names())}"
+
+    def served(self, name: str, version: str | None) -> ModelRuntime | PipelineRuntime | None:
+        """What a client's ``name`` at ``version`` (None: the default) reaches: a model, or a
+        pipeline (served as a model of the one version "1"); None when nothing is served so."""
+        runtime = self.resolve(name, version)
+        return runtime if runtime is not None or version not in (None, "1") else self.pipelines.get(name)
 
     def resolve(self, name: str, version: str | None) -> ModelRuntime | None:
         """The runtime that serves ``name`` at ``version`` (None: the default), or None."""

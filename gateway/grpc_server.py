@@ -281,7 +281,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _runtime(self, name: str, version: str, context) -> Any:
         engine = self.engine
-        runtime = engine.resolve(name, version or None) or (engine.pipelines.get(name) if version in ("", "1") else None)
+        runtime = engine.served(name, version or None)
         if runtime is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, engine.not_served(name, version or None))
         return runtime

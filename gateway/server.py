@@ -196,7 +196,7 @@ class Handlers:
         """The model the path names; a pipeline is served as a model (the same fields)."""
         name = request.match_info["model"]
         version = request.match_info.get("version")
-        runtime = self.engine.resolve(name, version) or (self.engine.pipelines.get(name) if version in (None, "1") else None)
+        runtime = self.engine.served(name, version)
         if runtime is None:
             raise InvalidRequest(self.engine.not_served(name, version), status=404)
         return runtime
