@@ -137,25 +137,28 @@ def violations(row: dict, name: str) -> int:
     return sum(1 for window, mean in means.items() if mean > sla_at(row, name, window))
 
 
+def seconds_after_change(row: dict, name: str) -> list[tuple[int, bool]]:
+    """Each second of the load from the change on, counted from it, and whether its mean response
+    time was over the SLA in force."""
+    first = int(row["change_s"])
+    means = window_means(ok_samples(row["per_model"][name]))
+    return [(w - first, mean > sla_at(row, name, w)) for w, mean in means.items() if w >= first]
+
+
 def settle_periods(row: dict, name: str) -> int | None:
     """Periods from the change until the per-second mean response time is under the SLA and
     stays there to the end of the load (0: never over it; None: still over it at the end)."""
-    first = int(row["change_s"])
-    means = {w: m for w, m in window_means(ok_samples(row["per_model"][name])).items() if w >= first}
-    over = [w for w, mean in means.items() if mean > sla_at(row, name, w)]
+    seconds = seconds_after_change(row, name)
+    over = [period for period, late in seconds if late]
     if not over:
         return 0
-    if max(over) == max(means):
-        return None
-    return max(over) + 1 - first
+    return None if over[-1] == seconds[-1][0] else over[-1] + 1
 
 
 def recovery_periods(row: dict, name: str) -> int | None:
     """Periods from the change until the first second whose mean response time is under the SLA
     in force (0: the second of the change was; None: no second was, to the end of the load)."""
-    first = int(row["change_s"])
-    means = sorted((w, m) for w, m in window_means(ok_samples(row["per_model"][name])).items() if w >= first)
-    return next((w - first for w, mean in means if mean <= sla_at(row, name, w)), None)
+    return next((period for period, late in seconds_after_change(row, name) if not late), None)
 
 
 def violations_after_recovery(row: dict, name: str) -> int:
@@ -164,9 +167,7 @@ def violations_after_recovery(row: dict, name: str) -> int:
     recovered = recovery_periods(row, name)
     if recovered is None:
         return 0
-    after = int(row["change_s"]) + recovered
-    means = window_means(ok_samples(row["per_model"][name]))
-    return sum(1 for w, mean in means.items() if w > after and mean > sla_at(row, name, w))
+    return sum(1 for period, late in seconds_after_change(row, name) if period > recovered and late)
 
 
 def idle_periods(row: dict, name: str) -> int | None:
