@@ -54,6 +54,12 @@ EXECUTOR_FAILED = "executor_failed"
 # Float seconds: a timer set for t must find what is due at t.
 EPSILON_S = 1e-9
 REFUSAL_MARGIN_S = 1e-6
+# The timeout heap drops its ended entries lazily, from the top; it is rebuilt with the live
+# ones alone once it holds twice as many as after its last rebuild (and at least this many).
+# Without it, every request ended in the last request_timeout_s (60 s by default; an hour in the
+# simulator) stays reachable from the heap with its payload: its inputs' arrays, and objects
+# that every full collection of Python's cyclic collector walks while the event loop waits.
+TIMEOUTS_COMPACT_MIN = 64
 
 
 # -- what the core hands out --------------------------------------------------------------------
@@ -232,6 +238,7 @@ class DispatchCore:
         self._gpu_ends: list[tuple[float, int, ExecutorState]] = []  # (expected end, batch id, GPU) of batches started
         self._cpu_models: list[ModelState] = []  # models with CPU executors
         self._timeouts: list[tuple[float, int, Request]] = []
+        self._timeouts_compact_at = TIMEOUTS_COMPACT_MIN
         # The time past which each model's head request can be finished by no device, so that
         # a head that time has made hopeless is refused even when nothing else happens to it.
         self._refusals: list[tuple[float, int, Request]] = []
@@ -377,6 +384,8 @@ class DispatchCore:
         request.timeout_at = timeout_at = request.arrival + timeout_s
         request.state = QUEUED
         heapq.heappush(self._timeouts, (timeout_at, request.id, request))
+        if len(self._timeouts) >= self._timeouts_compact_at:
+            self._compact_timeouts()
         # FIFO with one level; with several, ahead of the lower levels (priority.py).
         if state.priority_levels > 1 and queue and (index := position(queue, request, now, state.priority_bound_s)) < len(queue):
             queue.insert(index, request)
@@ -590,6 +599,14 @@ class DispatchCore:
         self._touched[state.name] = state
         if state.on_gpus:
             self.gpu_scheduler.on_queue_changed(state.name, now)
+
+    def _compact_timeouts(self) -> None:
+        """Rebuild the timeout heap with its live entries alone: linear in its size, once per
+        as many arrivals as it kept, so constant per request."""
+        timeouts = self._timeouts
+        timeouts[:] = [entry for entry in timeouts if entry[2].state != ENDED]
+        heapq.heapify(timeouts)
+        self._timeouts_compact_at = max(TIMEOUTS_COMPACT_MIN, 2 * len(timeouts))
 
     def _next_timeout(self) -> float:
         while self._timeouts and self._timeouts[0][2].state == ENDED:

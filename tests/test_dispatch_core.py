@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 
 from schedulers.deficit import estimated_response_ms, sla_batch
-from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.dispatch import CPU, GPU, TIMEOUTS_COMPACT_MIN, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request, RequestQueue
@@ -100,6 +102,34 @@ def test_a_queued_request_times_out_and_is_never_run():
     assert core.queue_length("m") == 0
     # The executor comes up: nothing is left to run.
     assert not of(core.set_executor_ready("cpu-m", True, 0.06), Start)
+
+
+class Inputs:
+    """A request's payload, as the engine's parsed request would be (weakly referable)."""
+
+
+def test_an_ended_request_is_let_go_while_a_waiting_one_still_times_out():
+    # Ended requests must not stay reachable from the core until their timeout (60 s here) with
+    # their inputs: at 1,000 requests a second that is a minute of arrays, and objects that
+    # every full collection of the garbage collector walks while the event loop waits.
+    core = core_with()
+    core.add_executor("cpu-n", CPU, "n")
+    core.add_model("n", sla_ms=100.0, max_batch=8, max_queue_size=100, drop_late=False, cpu_profile=LatencyProfile(1.0, 4.0))
+    core.set_executor_ready("cpu-n", False, 0.0)
+    waiting = Request(0, "n", 0.0, timeout_s=30.0)
+    core.on_arrival(waiting, 0.0)
+    payloads = []
+    for i in range(1, 1001):
+        now = i * 0.01
+        inputs = Inputs()
+        payloads.append(weakref.ref(inputs))
+        (start,) = of(core.on_arrival(Request(i, "m", now, payload=inputs), now), Start)
+        assert of(core.on_batch_done(start.batch, 1.0, now + 0.001), Finish)
+        del inputs, start
+    gc.collect()
+    assert sum(ref() is not None for ref in payloads) < TIMEOUTS_COMPACT_MIN
+    (fail,) = of(core.on_timer(30.0), Fail)
+    assert (fail.requests, fail.status, fail.outcome) == ((waiting,), 504, "timeout")
 
 
 def test_a_running_request_times_out_and_its_result_is_discarded():
