@@ -4,6 +4,8 @@ One group per executor and controller, all named the same way: ``gateway-<gatewa
 id>``. Under cgroup v1 the group sits in each controller's own hierarchy (``/sys/fs/cgroup/cpu/...``
 and ``/sys/fs/cgroup/memory/...``); under cgroup v2 it is one group, beside the gateway's own, with
 both controllers enabled (a process can be in a single v2 group, so CPU and memory must share it).
+A gateway removes its groups when it stops; one killed (SIGKILL, the OOM killer) cannot, and the
+next gateway to make a group in the hierarchy removes what gateways no longer running left there.
 
 - CPU: ``cpu.cfs_quota_us = cores x cpu.cfs_period_us`` (v1) or ``cpu.max = "<quota> <period>"``
   (v2), written to the running process, so fractional cores such as 0.3 are real and a resize
@@ -104,7 +106,12 @@ class Hierarchy:
         return self.root / f"gateway-{os.getpid()}"
 
     def prepare(self) -> None:
-        """Make ``gateway-<pid>/`` (raises OSError where it cannot be written)."""
+        """Make ``gateway-<pid>/`` (raises OSError where it cannot be written); the first time in
+        this process, remove what gateways no longer running left here."""
+        if self.root not in _SWEPT:
+            _SWEPT.add(self.root)
+            if removed := self.remove_ended_gateways():
+                log.info("removed the %s groups of %d gateway(s) no longer running", self.controller, removed)
         self.base.mkdir(exist_ok=True)
         if self.v2:
             for parent in (self.root, self.base):
@@ -117,11 +124,35 @@ class Hierarchy:
 
     def remove(self) -> None:
         """Remove every group left (those still holding a process stay) and then ``gateway-<pid>/``."""
-        for group in sorted(self.base.glob("*/"), reverse=True):
-            with contextlib.suppress(OSError):
-                group.rmdir()
+        _remove_groups(self.base)
+
+    def remove_ended_gateways(self) -> int:
+        """Remove the groups of gateways that are no longer running: one killed (SIGKILL, the
+        OOM killer) cannot remove its own. A group still holding a process stays, and so do the
+        groups of any running process of that pid. Returns how many gateways' groups went."""
+        removed = 0
+        for base in self.root.glob("gateway-*/"):
+            pid = base.name.removeprefix("gateway-")
+            if pid.isdigit() and not psutil.pid_exists(int(pid)) and _remove_groups(base):
+                removed += 1
+        return removed
+
+
+# The hierarchies this process has removed ended gateways' groups from (Hierarchy.prepare).
+_SWEPT: set[Path] = set()
+
+
+def _remove_groups(base: Path) -> bool:
+    """Remove the groups under ``base`` and then ``base``; those still holding a process stay.
+    Whether ``base`` went."""
+    for group in sorted(base.glob("*/"), reverse=True):
         with contextlib.suppress(OSError):
-            self.base.rmdir()
+            group.rmdir()
+    try:
+        base.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 class ExecutorCgroup:

@@ -4,6 +4,7 @@ cores counted are those enforced (the CFS floor, affinity's whole CPUs), not tho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -22,13 +23,14 @@ from executors.limits import (
     MAX_CFS_PERIOD_US,
     MIN_QUOTA_US,
     AffinityActuator,
+    Hierarchy,
     cfs_bandwidth,
     make_actuator,
     quota_cores,
     unavailable_reason,
 )
 from executors.process import ProcessExecutor
-from tests.helpers import busy_model, run_gateway
+from tests.helpers import busy_model, run_gateway, write_config
 
 needs_cgroup = pytest.mark.skipif(unavailable_reason("cpu") is not None, reason=unavailable_reason("cpu") or "")
 
@@ -153,6 +155,55 @@ def test_a_grant_under_a_tenth_of_a_core_is_enforced_over_a_longer_period(spinne
         spinner.wait()  # a group holding a process cannot be removed
         actuator.close()
     assert not actuator.hierarchy.base.exists()
+
+
+def ended_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    assert not psutil.pid_exists(process.pid)
+    return process.pid
+
+
+@needs_cgroup
+def test_the_groups_of_ended_gateways_go_and_the_others_stay(sleeper):
+    hierarchy = Hierarchy.find("cpu")
+    left = hierarchy.root / f"gateway-{ended_pid()}" / "cpu-mlp"  # a gateway killed, and its executor with it
+    running = hierarchy.root / f"gateway-{sleeper.pid}" / "cpu-mlp"  # a running process of that pid: not touched
+    held = hierarchy.root / f"gateway-{ended_pid()}" / "cpu-cnn"  # an executor that outlived its gateway
+    try:
+        for group in (left, running, held):
+            group.mkdir(parents=True)
+        (held / "cgroup.procs").write_text(str(sleeper.pid))
+        assert hierarchy.remove_ended_gateways() >= 1
+        assert not left.parent.exists()
+        assert running.is_dir() and held.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait()  # a group holding a process cannot be removed
+        for group in (left, running, held):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                group.parent.rmdir()
+
+
+@needs_cgroup
+def test_a_gateway_removes_at_start_the_groups_a_killed_one_left(tmp_path):
+    # SIGKILL leaves the gateway no chance to remove its groups; its executors end with it (their
+    # connection closes), and the next gateway on the node removes what they left.
+    busy_model(tmp_path / "busy.onnx")
+    config = write_config(tmp_path / "config.toml", {"busy": {"path": "busy.onnx", "sla_ms": 100}})
+    with run_gateway(config) as crashed:
+        groups = Hierarchy.find("cpu").root / f"gateway-{crashed.process.pid}"
+        executor = psutil.Process(crashed.executor_pid("busy"))
+        assert (groups / "cpu-busy").is_dir()
+        crashed.process.kill()
+        crashed.process.wait()
+        executor.wait(timeout=10)
+        assert (groups / "cpu-busy").is_dir()  # left behind by the crash
+    with run_gateway(config) as gateway:
+        assert not groups.exists()  # removed at start
+        assert (groups.parent / f"gateway-{gateway.process.pid}" / "cpu-busy").is_dir()
 
 
 def test_the_cfs_bandwidth_keeps_the_period_where_the_quota_fits_it():
