@@ -13,9 +13,12 @@ names. Beside the client's response times it prints the gateway's own count of r
 their SLA (gateway_sla_violations on /metrics, timed from when the gateway read the request) and
 the GPU memory each process holds (nvidia-smi), and per half second of the run the requests over
 their SLA and the slowest response, which tells stalls (late requests in bursts) from a lack of
-capacity (late requests throughout). ``--gc-log`` runs the gateway in benchmarks/gc_pauses.py's
-child and prints its garbage collections of over 5 ms during the load. Needs an NVIDIA GPU and
-onnxruntime-gpu; it says so and exits 2 without them.
+capacity (late requests throughout), and beside it the machine's own stalls during the load
+(benchmarks/stall_probe.py: an idle process's wake-ups over 5 ms late, and the most steal time of
+a second), and the client's own (its event loop's sleeps over 5 ms late, its collections of
+over 5 ms), which tell the machine's stalls and the client's from the gateway's. ``--gc-log`` runs the gateway in
+benchmarks/gc_pauses.py's child and prints its garbage collections of over 5 ms during the load.
+Needs an NVIDIA GPU and onnxruntime-gpu; it says so and exits 2 without them.
 
 ``--against-stub`` runs the same client against a stub that answers every request at once,
 instead of the gateway: the client's own share of the response times, on the same machine.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import shutil
@@ -45,6 +49,7 @@ import uvloop
 from aiohttp import web
 from gateway_ready import wait_ready
 from prometheus_client.parser import text_string_to_metric_families
+from stall_probe import probing
 
 from gateway.tools.simulate import zoo_arrivals
 
@@ -79,8 +84,22 @@ def request_body(shape: list[int], binary: bool, binary_output: bool = False) ->
 Row = tuple[int, str, float, float]  # status, where it ran, response ms, when it was due (s into the run)
 
 
-async def drive(base: str, rate: float, seconds: float, binary: bool = False) -> dict[str, list[Row]]:
+async def loop_lag(stalls: list[tuple[float, float]], report_ms: float = 5.0) -> None:
+    """Until cancelled, write down (perf_counter time, ms late) of each 1 ms sleep of this event
+    loop that woke over ``report_ms`` late: the client's own stalls, when its requests went out late."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(0.001)
+        if (late_ms := (time.perf_counter() - before - 0.001) * 1000) > report_ms:
+            stalls.append((time.perf_counter(), late_ms))
+
+
+async def drive(
+    base: str, rate: float, seconds: float, binary: bool = False, lags: list[tuple[float, float]] | None = None
+) -> dict[str, list[Row]]:
+    """Send the load and collect each answer; ``lags`` gets the client loop's stalls (``loop_lag``)."""
     bodies = {name: request_body(shape, binary) for name, shape in MODELS.items()}
+    watcher = asyncio.create_task(loop_lag(lags if lags is not None else []))
     # Poisson arrivals, the load split evenly between the models (the simulator's own draws).
     arrivals = zoo_arrivals({name: rate / len(MODELS) for name in MODELS}, None, seconds, random.Random(1))
     results: dict[str, list[Row]] = {name: [] for name in MODELS}
@@ -102,7 +121,35 @@ async def drive(base: str, rate: float, seconds: float, binary: bool = False) ->
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
             tasks.append(asyncio.create_task(one(model, at)))
         await asyncio.gather(*tasks)
+    watcher.cancel()
     return results
+
+
+def run_client(base: str, rate: float, seconds: float, binary: bool, load_began: float) -> tuple[dict[str, list[Row]], str]:
+    """``drive`` on a fresh event loop; and a line of the client's own stalls during it (its
+    collections of over 5 ms and its event loop's sleeps over 5 ms late, in seconds from
+    ``load_began``, on the clock of time.monotonic and perf_counter alike), to tell them from
+    the gateway's."""
+    collections: list[tuple[float, int, float]] = []
+    lags: list[tuple[float, float]] = []
+    began = [0.0]
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        elif (ms := (time.perf_counter() - began[0]) * 1000) > 5:
+            collections.append((round(time.perf_counter() - load_began, 2), info["generation"], round(ms, 1)))
+
+    gc.callbacks.append(record)
+    try:
+        results = uvloop.run(drive(base, rate, seconds, binary, lags))
+    finally:
+        gc.callbacks.remove(record)
+    stalls = [(round(t - load_began, 2), round(ms, 1)) for t, ms in lags]
+    return results, (
+        f"client during the load: event-loop stalls over 5 ms (s, ms) {stalls}, "
+        f"collections over 5 ms (s, generation, ms) {collections}"
+    )
 
 
 def serve_stub(port: int) -> None:
@@ -181,10 +228,11 @@ def against_stub(rate: float, seconds: float, binary: bool) -> int:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, stub)
-        results = uvloop.run(drive(base, rate, seconds, binary))
+        results, client = run_client(base, rate, seconds, binary, time.monotonic() + 0.1)
         tensors = "binary" if binary else "JSON"
         print(f"rate {rate:g} req/s for {seconds:g} s, {tensors} tensors, against a stub answering at once (the client's share)")
         print_results(results, SLA_MS)
+        print(client)
     finally:
         stub.terminate()
         stub.wait(timeout=10)
@@ -274,7 +322,8 @@ cpu = {{ cores = 1.0, threads = 1 }}
         gateway = psutil.Process(process.pid)  # the gateway's own process: its executors are others
         cpu_before = sum(gateway.cpu_times()[:2])
         load_began = time.monotonic() + 0.1  # drive's first request is due 0.1 s in
-        results = uvloop.run(drive(base, args.rate, args.seconds, args.binary))
+        with probing() as stalls:
+            results, client = run_client(base, args.rate, args.seconds, args.binary, load_began)
         gateway_cpu_s = sum(gateway.cpu_times()[:2]) - cpu_before
         warmup = "off" if args.no_warmup else "on"
         print(
@@ -298,6 +347,15 @@ cpu = {{ cores = 1.0, threads = 1 }}
                 f"executors {[(e['id'], e['provider']) for e in admin['executors']]}, profiles {profiles}"
             )
         print(f"over SLA / slowest ms, per {TIMELINE_STEP_S:g} s: {timeline(results, SLA_MS)}")
+        # perf_counter and monotonic are one clock on Linux (CLOCK_MONOTONIC), in every process.
+        machine = stalls.since(load_began)
+        late_wakeups = [(round(t, 2), round(ms, 1)) for t, ms in machine["late"] if 0 <= t <= args.seconds]
+        most_steal = max((ms for t, ms in machine["steal"] if 0 < t <= args.seconds + 1), default=0.0)
+        print(
+            f"machine during the load: wake-ups over 5 ms late (s into it, ms) {late_wakeups}, "
+            f"most steal time in a second {most_steal:.0f} ms"
+        )
+        print(client)
         warnings = [line for line in (folder / "gateway.log").read_text().splitlines() if "WARNING" in line or "ERROR" in line]
         print(f"gateway log: {len(warnings)} warning or error lines", *warnings[:8], sep="\n  ")
         answered = sum(len(rows) for rows in results.values())
