@@ -13,12 +13,12 @@ names. Beside the client's response times it prints the gateway's own count of r
 their SLA (gateway_sla_violations on /metrics, timed from when the gateway read the request) and
 the GPU memory each process holds (nvidia-smi), and per half second of the run the requests over
 their SLA and the slowest response, which tells stalls (late requests in bursts) from a lack of
-capacity (late requests throughout), and beside it the machine's own stalls during the load
-(benchmarks/stall_probe.py: an idle process's wake-ups over 5 ms late, and the most steal time of
-a second), and the client's own (its event loop's sleeps over 5 ms late, its collections of
-over 5 ms), which tell the machine's stalls and the client's from the gateway's. ``--gc-log`` runs the gateway in
-benchmarks/gc_pauses.py's child and prints its garbage collections of over 5 ms during the load.
-Needs an NVIDIA GPU and onnxruntime-gpu; it says so and exits 2 without them.
+capacity (late requests throughout); beside it, to tell the gateway's stalls from the machine's
+and the client's, the machine's own during the load (benchmarks/stall_probe.py: an idle
+process's wake-ups over 5 ms late, and the most steal time of a second) and the client's (its
+event loop's sleeps over 5 ms late, its collections of over 5 ms). ``--gc-log`` runs the gateway
+in benchmarks/gc_pauses.py's child and prints its garbage collections of over 5 ms during the
+load. Needs an NVIDIA GPU and onnxruntime-gpu; it says so and exits 2 without them.
 
 ``--against-stub`` runs the same client against a stub that answers every request at once,
 instead of the gateway: the client's own share of the response times, on the same machine.
