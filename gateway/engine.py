@@ -26,12 +26,10 @@ import itertools
 import logging
 import random
 import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +38,7 @@ from executors.connection import BatchLate, ExecutorFailed, ModelError
 from executors.container import DockerBackend
 from executors.lifecycle import SupervisedExecutor, cpu_seconds_since
 from executors.limits import Actuator
+from executors.sockets import socket_folder
 from gateway.batching import batch_key, split_outputs, stack_inputs
 from gateway.cluster.dispatcher import Cluster
 from gateway.cluster.link import RemoteExecutor
@@ -212,7 +211,7 @@ class Engine:
         self.clock = clock
         # Triton's last_inference is wall-clock milliseconds: the engine's clock shifted once.
         self._epoch_offset_s = time.time() - clock()
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="gateway-"))
+        self._socket_dir = socket_folder("gateway")
         self._tasks: set[asyncio.Task[None]] = set()
         # Process executors get their cores through a cgroup (or affinity); containers through Docker.
         self.actuator: Actuator | None = None

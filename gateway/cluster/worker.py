@@ -38,11 +38,9 @@ import math
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -50,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from executors.connection import BatchLate, ExecutorFailed, ModelError, read_frame
 from executors.lifecycle import SupervisedExecutor, cpu_seconds_since
+from executors.sockets import socket_folder
 from executors.wire import encode_frame, pack_tensors, unpack_tensors
 from gateway.cluster.tls import server_context
 from gateway.config import GatewayConfig, worker_token_error
@@ -94,8 +93,8 @@ class WorkerNode:
         self.config = config
         self.clock = clock
         self.name = config.worker.name or socket.gethostname()
-        self._socket_dir = tempfile.mkdtemp(prefix="gateway-worker-")
-        self.node: NodeExecutors = build_node_executors(config, Path(self._socket_dir), self._on_executor_change)
+        self._socket_dir = socket_folder("gateway-worker")
+        self.node: NodeExecutors = build_node_executors(config, self._socket_dir, self._on_executor_change)
         self.executors: dict[str, SupervisedExecutor] = self.node.by_id
         self.loads = {name: ModelLoad() for name in self.node.cpu}
         self.control: ControlLoop | None = None

@@ -1,0 +1,48 @@
+"""The folder of a gateway's executor sockets: one per gateway process, in the temporary directory.
+
+Each executor connects to its gateway over a Unix socket in that folder. A gateway removes the
+folder when it stops; one killed (SIGKILL, the OOM killer) cannot. The folder is named after the
+process that made it (``gateway-<pid>-<random>``), so that the next gateway on the machine can
+remove what gateways no longer running left, as it does with their cgroups (executors/limits.py)
+and containers (executors/container.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger("executors")
+
+
+def socket_folder(kind: str = "gateway", root: Path | None = None) -> Path:
+    """Make this process's socket folder, ``<kind>-<pid>-<random>`` under ``root`` (the temporary
+    directory), after removing those of ``kind`` whose process is no longer running."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    if removed := remove_ended(kind, root):
+        log.info("removed the socket folders of %d %s process(es) no longer running", removed, kind)
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=root))
+
+
+def remove_ended(kind: str, root: Path) -> int:
+    """Remove the socket folders of ``kind`` under ``root`` whose process is no longer running. A
+    folder holding anything but sockets stays (it is not one of ours). How many went."""
+    removed = 0
+    for folder in root.glob(f"{kind}-*-*/"):
+        pid = folder.name.removeprefix(f"{kind}-").split("-", 1)[0]
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            entries = list(folder.iterdir())
+            if all(stat.S_ISSOCK(entry.lstat().st_mode) for entry in entries):
+                for entry in entries:
+                    entry.unlink()
+                folder.rmdir()
+                removed += 1
+    return removed

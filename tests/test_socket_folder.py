@@ -1,0 +1,65 @@
+"""The executors' socket folder of a killed gateway is removed by the next gateway to start."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from executors.sockets import socket_folder
+from tests.helpers import busy_model, run_gateway, write_config
+
+
+def ended_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    assert not psutil.pid_exists(process.pid)
+    return process.pid
+
+
+def with_socket(folder: Path) -> Path:
+    """``folder`` holding one Unix socket, as an executor's gateway leaves it."""
+    folder.mkdir()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(folder / "cpu-mlp.sock"))
+    return folder
+
+
+def test_the_folders_of_ended_processes_go_and_the_others_stay(tmp_path):
+    ended = with_socket(tmp_path / f"gateway-{ended_pid()}-a1b2")
+    running = with_socket(tmp_path / f"gateway-{os.getppid()}-c3d4")  # a running process of that pid
+    not_ours = tmp_path / f"gateway-{ended_pid()}-e5f6"  # something else than sockets in it
+    not_ours.mkdir()
+    (not_ours / "notes.txt").write_text("kept")
+    worker = with_socket(tmp_path / f"gateway-worker-{ended_pid()}-g7h8")  # another kind's
+
+    made = socket_folder("gateway", root=tmp_path)
+
+    assert not ended.exists()
+    assert running.is_dir() and (not_ours / "notes.txt").is_file() and worker.is_dir()
+    assert made.is_dir() and made.name.startswith(f"gateway-{os.getpid()}-")
+    socket_folder("gateway-worker", root=tmp_path)
+    assert not worker.exists()
+
+
+def test_a_gateway_removes_at_start_the_socket_folder_a_killed_one_left(tmp_path):
+    busy_model(tmp_path / "busy.onnx")
+    config = write_config(tmp_path / "config.toml", {"busy": {"path": "busy.onnx", "sla_ms": 100}})
+    temporary = Path(tempfile.gettempdir())
+    with run_gateway(config) as crashed:
+        (left,) = temporary.glob(f"gateway-{crashed.process.pid}-*/")
+        executor = psutil.Process(crashed.executor_pid("busy"))
+        assert (left / "cpu-busy.sock").exists()
+        crashed.process.kill()  # SIGKILL: no chance to clean up
+        crashed.process.wait()
+        executor.wait(timeout=10)
+        assert left.is_dir()  # left behind by the crash
+    with run_gateway(config) as gateway:
+        assert not left.exists()  # removed at start
+        assert list(temporary.glob(f"gateway-{gateway.process.pid}-*/"))
