@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import psutil
 import requests
 from onnx import TensorProto, helper
 
@@ -245,3 +246,11 @@ def metric_value(metrics: str, name: str, **labels: str) -> float:
     wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     match = re.search(rf"^{name}\{{{re.escape(wanted)}\}} (\S+)$", metrics, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def ended_pid() -> int:
+    """The pid of a process that has ended and been reaped (a killed gateway's, say)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    assert not psutil.pid_exists(process.pid)
+    return process.pid

@@ -30,7 +30,7 @@ from executors.limits import (
     unavailable_reason,
 )
 from executors.process import ProcessExecutor
-from tests.helpers import busy_model, run_gateway, write_config
+from tests.helpers import busy_model, ended_pid, run_gateway, write_config
 
 needs_cgroup = pytest.mark.skipif(unavailable_reason("cpu") is not None, reason=unavailable_reason("cpu") or "")
 
@@ -155,14 +155,6 @@ def test_a_grant_under_a_tenth_of_a_core_is_enforced_over_a_longer_period(spinne
         spinner.wait()  # a group holding a process cannot be removed
         actuator.close()
     assert not actuator.hierarchy.base.exists()
-
-
-def ended_pid() -> int:
-    """The pid of a process that has ended and been reaped."""
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    assert not psutil.pid_exists(process.pid)
-    return process.pid
 
 
 @needs_cgroup

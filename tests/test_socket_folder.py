@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import psutil
 
 from executors.sockets import socket_folder
-from tests.helpers import busy_model, run_gateway, write_config
-
-
-def ended_pid() -> int:
-    """The pid of a process that has ended and been reaped."""
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    assert not psutil.pid_exists(process.pid)
-    return process.pid
+from tests.helpers import busy_model, ended_pid, run_gateway, write_config
 
 
 def with_socket(folder: Path) -> Path:
