@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,6 +67,12 @@ class Gateway:
         raise TimeoutError(f"gateway not ready after {timeout} s:\n{self.output()}")
 
 
+# The gateways' logs of this test session, in one folder removed when the session ends (a failing
+# test's message carries what it needs of its gateway's output).
+LOGS = Path(tempfile.mkdtemp(prefix="gateway-test-logs-"))
+atexit.register(shutil.rmtree, LOGS, True)
+
+
 @contextlib.contextmanager
 def run_gateway(
     config: Path,
@@ -75,7 +83,7 @@ def run_gateway(
     """`gateway serve` on a free port; ``preexec_fn`` runs in the child first (a resource limit, say);
     ``args`` are more options of `gateway serve` (``--log-format json``, say)."""
     port = free_port()
-    log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log")[1])
+    log = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log", dir=LOGS)[1])
     env = dict(os.environ, **(extra_env or {}))
     with log.open("wb") as sink:
         process = subprocess.Popen(
