@@ -34,6 +34,17 @@ CI machine of 2026-11-25, 0.024 (SSDMobilenet: 6 refused and 1 late against none
 in four of the six models, and at 0.02 the test failed there. With both cores taken by two busy
 processes the gap grows to 0.03-0.09 (EfficientNetB3's batches reach their executor after their
 latest start): a machine that busy fails this test, as it should, for the gateway misses there.
+
+A machine can also stall the gateway for a moment: in one full run of the suite on the VM
+(2026-11-26, evening) every model had batches late at once, EfficientNetB3 0.061 served against
+0.006 simulated, and the test alone, three times right after, had gaps of 0.000-0.007. So the
+machine's own stalls are measured beside the served run (benchmarks/stall_probe.py), and where a
+gap is over TOLERANCE while the machine stalled (an idle process waited MACHINE_STALL_MS for a
+CPU, or the hypervisor took HEAVY_STEAL_MS of a second), the arrivals are served once more. A
+gap over TOLERANCE on a machine that did not stall, or in both runs, fails. Whether the probe sees
+the stalls behind such a run is not known yet (the test prints what it saw): it sees those of the
+whole machine, not a busy neighbour's share of the cores (beside two spinning processes its
+latest wake-up was 5.5 ms, and the gap 0.020).
 """
 
 from __future__ import annotations
@@ -57,6 +68,9 @@ from gateway.tools.goodput import bisect_load, meets_slo, upper_bound_rps
 from gateway.tools.simulate import ZooModel, even_split, simulate_config, zoo_arrivals
 from tests.helpers import ROOT, metric_value, run_gateway
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from stall_probe import HEAVY_STEAL_MS, probing  # noqa: E402
+
 # Rows of ../shared/data/symphony_zoo_1080ti.csv (model, alpha_ms, beta_ms, slo_ms): the long
 # SLOs keep the peak on four GPUs near 150 requests/s, which two cores serve over HTTP.
 ZOO = (
@@ -71,6 +85,9 @@ SLO_MS = {model.name: model.slo_ms for model in ZOO}
 GPUS = 4
 SECONDS, SEED = 12.0, 11
 TOLERANCE = 0.03  # absolute, on each model's bad rate
+# A machine that left an idle process waiting this long for a CPU while the gateway served (or
+# whose hypervisor took HEAVY_STEAL_MS of a second) stalled the gateway too: served once more.
+MACHINE_STALL_MS = 20.0
 REQUEST_TIMEOUT_MS = 2000.0  # ten times the longest SLO
 PEAK_RESOLUTION_RPS = 1.0  # the bisection stops this close to the peak
 # What the gateway answers instead of a result, by HTTP status (the dispatch core's Fail actions).
@@ -176,19 +193,38 @@ def simulate_cli(config: Path, arrivals: list[tuple[float, str]], folder: Path) 
     return simulated["models"]
 
 
-def test_serve_and_simulate_agree_on_each_models_bad_rate_at_the_peak(tmp_path, example_models):
-    config = write_config(tmp_path, example_models)
-    peak = peak_load(config)
-    arrivals = arrivals_at(peak)
-    sent = Counter(model for _, model in arrivals)
+@dataclass(frozen=True)
+class Served:
+    answers: list[Answer]
+    metrics: str
+    # The machine meanwhile (benchmarks/stall_probe.py): an idle process's latest wake-up (ms)
+    # and the most CPU time the hypervisor took in a second (ms, over all CPUs).
+    late_wakeup_ms: float
+    steal_ms: float
 
-    with run_gateway(config) as gateway:
+    @property
+    def machine_stalled(self) -> bool:
+        return self.late_wakeup_ms >= MACHINE_STALL_MS or self.steal_ms >= HEAVY_STEAL_MS
+
+
+def serve(config: Path, arrivals: list[tuple[float, str]]) -> Served:
+    """The arrivals through a real gateway, with the machine's stalls recorded beside them."""
+    with probing() as stalls, run_gateway(config) as gateway:
         # No model has a CPU executor, on either side.
         assert all([e["device"] for e in gateway.admin(m.name)["executors"]] == [f"gpu:{i}" for i in range(GPUS)] for m in ZOO)
+        began = time.perf_counter()
         answers = asyncio.run(send(gateway.base, arrivals))
         metrics = gateway.metrics()
-    simulated = simulate_cli(config, arrivals, tmp_path)
+    machine = stalls.since(began)
+    late = max((ms for t, ms in machine["late"] if 0 <= t <= SECONDS + 1), default=0.0)
+    steal = max((ms for t, ms in machine["steal"] if 0 < t <= SECONDS + 2), default=0.0)
+    return Served(answers, metrics, late, steal)
 
+
+def gaps(served: Served, simulated: dict[str, Any], sent: Counter[str]) -> dict[str, float]:
+    """Check that every request is accounted for on both sides; print each model's bad rates and
+    return the gap between them."""
+    answers, metrics = served.answers, served.metrics
     # Every request got an answer; the gateway's accounts and the simulator's add up to what was sent.
     assert Counter(a.model for a in answers) == sent
     for name, count in sent.items():
@@ -203,7 +239,11 @@ def test_serve_and_simulate_agree_on_each_models_bad_rate_at_the_peak(tmp_path, 
         assert {a.device for a in answers if a.model == name and a.status == 200} <= {"gpu"}, name
         assert simulated[name]["served_on"]["cpu"] == 0, name
 
-    print(f"\n{peak:.1f} requests/s for {SECONDS:g} s ({len(arrivals)} requests) on {GPUS} GPUs; bad rates:")
+    print(
+        f"\n{len(answers)} requests over {SECONDS:g} s on {GPUS} GPUs; the machine meanwhile: latest wake-up "
+        f"{served.late_wakeup_ms:.1f} ms, most steal in a second {served.steal_ms:.0f} ms; bad rates:"
+    )
+    result = {}
     for name, count in sent.items():
         mine = [a for a in answers if a.model == name]
         failed = sum(a.status != 200 for a in mine)
@@ -220,4 +260,25 @@ def test_serve_and_simulate_agree_on_each_models_bad_rate_at_the_peak(tmp_path, 
             f"on the client's clock {client_bad:.3f})"
             f"  simulate {simulated_bad:.3f} ({simulated_failed} failed, {simulated[name].get('late', 0)} late)"
         )
-        assert abs(served_bad - simulated_bad) <= TOLERANCE, name
+        result[name] = abs(served_bad - simulated_bad)
+    return result
+
+
+def test_serve_and_simulate_agree_on_each_models_bad_rate_at_the_peak(tmp_path, example_models):
+    config = write_config(tmp_path, example_models)
+    peak = peak_load(config)
+    arrivals = arrivals_at(peak)
+    sent = Counter(model for _, model in arrivals)
+    print(f"\nthe peak: {peak:.1f} requests/s")
+    simulated = simulate_cli(config, arrivals, tmp_path)
+
+    served = serve(config, arrivals)
+    gap = gaps(served, simulated, sent)
+    if max(gap.values()) > TOLERANCE and served.machine_stalled:
+        # The machine, not the gateway: served once more. A gateway that misses on a quiet
+        # machine, or a machine stalled twice, still fails.
+        print("over TOLERANCE while the machine stalled: served once more")
+        served = serve(config, arrivals)
+        gap = gaps(served, simulated, sent)
+    for name, each in gap.items():
+        assert each <= TOLERANCE, (name, f"latest wake-up {served.late_wakeup_ms:.1f} ms", f"steal {served.steal_ms:.0f} ms")
