@@ -49,7 +49,7 @@ import uvloop
 from aiohttp import web
 from gateway_ready import wait_ready
 from prometheus_client.parser import text_string_to_metric_families
-from stall_probe import probing
+from stall_probe import in_window, probing
 
 from gateway.tools.simulate import zoo_arrivals
 
@@ -350,7 +350,7 @@ cpu = {{ cores = 1.0, threads = 1 }}
         # perf_counter and monotonic are one clock on Linux (CLOCK_MONOTONIC), in every process.
         machine = stalls.since(load_began)
         late_wakeups = [(round(t, 2), round(ms, 1)) for t, ms in machine["late"] if 0 <= t <= args.seconds]
-        most_steal = max((ms for t, ms in machine["steal"] if 0 < t <= args.seconds + 1), default=0.0)
+        _, most_steal = in_window(machine, 0.0, args.seconds)
         print(
             f"machine during the load: wake-ups over 5 ms late (s into it, ms) {late_wakeups}, "
             f"most steal time in a second {most_steal:.0f} ms"

@@ -69,7 +69,7 @@ from gateway.tools.simulate import ZooModel, even_split, simulate_config, zoo_ar
 from tests.helpers import ROOT, metric_value, run_gateway
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from stall_probe import HEAVY_STEAL_MS, probing  # noqa: E402
+from stall_probe import HEAVY_STEAL_MS, in_window, probing  # noqa: E402
 
 # Rows of ../shared/data/symphony_zoo_1080ti.csv (model, alpha_ms, beta_ms, slo_ms): the long
 # SLOs keep the peak on four GPUs near 150 requests/s, which two cores serve over HTTP.
@@ -215,9 +215,8 @@ def serve(config: Path, arrivals: list[tuple[float, str]]) -> Served:
         began = time.perf_counter()
         answers = asyncio.run(send(gateway.base, arrivals))
         metrics = gateway.metrics()
-    machine = stalls.since(began)
-    late = max((ms for t, ms in machine["late"] if 0 <= t <= SECONDS + 1), default=0.0)
-    steal = max((ms for t, ms in machine["steal"] if 0 < t <= SECONDS + 2), default=0.0)
+    # The arrivals' seconds and the one after, by which their answers are in.
+    late, steal = in_window(stalls.since(began), 0.0, SECONDS + 1)
     return Served(answers, metrics, late, steal)
 
 
