@@ -132,10 +132,15 @@ class Hierarchy:
         groups of any running process of that pid. Returns how many gateways' groups went."""
         removed = 0
         for base in self.root.glob("gateway-*/"):
-            pid = base.name.removeprefix("gateway-")
-            if pid.isdigit() and not psutil.pid_exists(int(pid)) and _remove_groups(base):
+            if process_ended(base.name.removeprefix("gateway-")) and _remove_groups(base):
                 removed += 1
         return removed
+
+
+def process_ended(pid: str) -> bool:
+    """Whether ``pid``, read from a leftover's name, is a process no longer running (False for
+    a name that holds no pid): what a gateway leaves behind under its pid is removed then."""
+    return pid.isdigit() and not psutil.pid_exists(int(pid))
 
 
 # The hierarchies this process has removed ended gateways' groups from (Hierarchy.prepare).

@@ -16,7 +16,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-import psutil
+from executors.limits import process_ended
 
 log = logging.getLogger("executors")
 
@@ -35,8 +35,7 @@ def remove_ended(kind: str, root: Path) -> int:
     folder holding anything but sockets stays (it is not one of ours). How many went."""
     removed = 0
     for folder in root.glob(f"{kind}-*-*/"):
-        pid = folder.name.removeprefix(f"{kind}-").split("-", 1)[0]
-        if not pid.isdigit() or psutil.pid_exists(int(pid)):
+        if not process_ended(folder.name.removeprefix(f"{kind}-").split("-", 1)[0]):
             continue
         with contextlib.suppress(OSError):
             entries = list(folder.iterdir())

@@ -262,3 +262,12 @@ def ended_pid() -> int:
     process.wait()
     assert not psutil.pid_exists(process.pid)
     return process.pid
+
+
+def kill_hard(gateway: Gateway, model: str) -> None:
+    """SIGKILL ``gateway`` (no chance to clean up) and wait until its executor of ``model`` has
+    ended with it (its connection closed)."""
+    executor = psutil.Process(gateway.executor_pid(model))
+    gateway.process.kill()
+    gateway.process.wait()
+    executor.wait(timeout=10)

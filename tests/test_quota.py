@@ -30,7 +30,7 @@ from executors.limits import (
     unavailable_reason,
 )
 from executors.process import ProcessExecutor
-from tests.helpers import busy_model, ended_pid, run_gateway, write_config
+from tests.helpers import busy_model, ended_pid, kill_hard, run_gateway, write_config
 
 needs_cgroup = pytest.mark.skipif(unavailable_reason("cpu") is not None, reason=unavailable_reason("cpu") or "")
 
@@ -187,11 +187,8 @@ def test_a_gateway_removes_at_start_the_groups_a_killed_one_left(tmp_path):
     config = write_config(tmp_path / "config.toml", {"busy": {"path": "busy.onnx", "sla_ms": 100}})
     with run_gateway(config) as crashed:
         groups = Hierarchy.find("cpu").root / f"gateway-{crashed.process.pid}"
-        executor = psutil.Process(crashed.executor_pid("busy"))
         assert (groups / "cpu-busy").is_dir()
-        crashed.process.kill()
-        crashed.process.wait()
-        executor.wait(timeout=10)
+        kill_hard(crashed, "busy")
         assert (groups / "cpu-busy").is_dir()  # left behind by the crash
     with run_gateway(config) as gateway:
         assert not groups.exists()  # removed at start

@@ -7,10 +7,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-import psutil
-
 from executors.sockets import socket_folder
-from tests.helpers import busy_model, ended_pid, run_gateway, write_config
+from tests.helpers import busy_model, ended_pid, kill_hard, run_gateway, write_config
 
 
 def with_socket(folder: Path) -> Path:
@@ -44,11 +42,8 @@ def test_a_gateway_removes_at_start_the_socket_folder_a_killed_one_left(tmp_path
     temporary = Path(tempfile.gettempdir())
     with run_gateway(config) as crashed:
         (left,) = temporary.glob(f"gateway-{crashed.process.pid}-*/")
-        executor = psutil.Process(crashed.executor_pid("busy"))
         assert (left / "cpu-busy.sock").exists()
-        crashed.process.kill()  # SIGKILL: no chance to clean up
-        crashed.process.wait()
-        executor.wait(timeout=10)
+        kill_hard(crashed, "busy")
         assert left.is_dir()  # left behind by the crash
     with run_gateway(config) as gateway:
         assert not left.exists()  # removed at start
