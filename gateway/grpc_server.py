@@ -19,6 +19,7 @@ with the reason).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -111,7 +112,10 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
             if tensor.datatype == "BYTES":
                 blob = encode_bytes_elements(np.array(values, dtype=np.object_))
             else:
-                blob = np.asarray(values, dtype=KSERVE_TO_NUMPY[tensor.datatype]).tobytes()
+                try:  # int_contents carries INT8 and INT16 as int32: 300 is a valid field, not an INT8
+                    blob = np.asarray(values, dtype=KSERVE_TO_NUMPY[tensor.datatype]).tobytes()
+                except OverflowError:
+                    raise InvalidRequest(f"input '{tensor.name}': a value is outside the range of {tensor.datatype}") from None
         blobs.append(blob)
         inputs.append(
             {
@@ -128,7 +132,12 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
     if parameters:
         header["parameters"] = parameters
     if request.outputs:
-        header["outputs"] = [{"name": o.name, "parameters": {"binary_data": True}} for o in request.outputs]
+        # Each output's own parameters go along, so that one the parser refuses (classification,
+        # tritonclient's class_count) is refused here too.
+        header["outputs"] = [
+            {"name": o.name, "parameters": {**{k: _parameter_value(v) for k, v in o.parameters.items()}, "binary_data": True}}
+            for o in request.outputs
+        ]
     head = orjson.dumps(header)
     return head + b"".join(bytes(b) for b in blobs), len(head)
 
@@ -248,8 +257,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return self._response(runtime, parsed, result, datatypes)
         except Refused as refused:
             await context.abort(refused.code, str(refused))
-        except BaseException:
-            if outcome == "internal_error" and context.cancelled():
+        except asyncio.CancelledError:
+            # grpc.aio cancels the call's task when its client cancels or its deadline passes;
+            # context.cancelled() is not yet true then.
+            if outcome == "internal_error":
                 outcome = "client_gone"
             raise
         finally:
@@ -279,12 +290,45 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             parameters={k: _parameter(v) for k, v in parameters.items()},
         )
 
+    # -- what is not served: UNIMPLEMENTED with the reason, not grpc's "Method not implemented!"
+    # and a traceback in the log for each call ----------------------------------------------------
+    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "streaming inference is not served; use ModelInfer")
+
+    async def CudaSharedMemoryStatus(self, request, context):  # noqa: N802
+        await _not_served(context, "CUDA shared memory")
+
+    async def CudaSharedMemoryRegister(self, request, context):  # noqa: N802
+        await _not_served(context, "CUDA shared memory")
+
+    async def CudaSharedMemoryUnregister(self, request, context):  # noqa: N802
+        await _not_served(context, "CUDA shared memory")
+
+    async def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
+        await _not_served(context, "system shared memory")
+
+    async def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
+        await _not_served(context, "system shared memory")
+
+    async def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
+        await _not_served(context, "system shared memory")
+
+    async def TraceSetting(self, request, context):  # noqa: N802
+        await _not_served(context, "Triton's trace settings", "traces go to OpenTelemetry ([tracing] in the config)")
+
+    async def LogSettings(self, request, context):  # noqa: N802
+        await _not_served(context, "Triton's log settings", "logs are set by gateway serve's --log-format and --access-log")
+
     async def _runtime(self, name: str, version: str, context) -> Any:
         engine = self.engine
         runtime = engine.served(name, version or None)
         if runtime is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, engine.not_served(name, version or None))
         return runtime
+
+
+async def _not_served(context: grpc.aio.ServicerContext, what: str, instead: str = "tensors travel in the request") -> None:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not served by this gateway: {instead}")
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):

@@ -117,7 +117,7 @@ def observe(tracer: RequestTracer | None) -> Middleware:
     async def observed(request: web.Request, handler: Handler) -> web.StreamResponse:
         start = request[REQUEST_START_KEY] = time.perf_counter()
         given = usable_request_id(request.headers.get(REQUEST_ID_HEADER))
-        id_ = given or new_request_id()
+        id_ = request[REQUEST_ID_KEY] = given or new_request_id()
         record = None
         if getattr(request.match_info.handler, "__name__", None) == INFER_HANDLER:
             record = request[_RECORD] = RequestRecord(id_, given is not None, request.match_info.get("model", ""), start)

@@ -8,6 +8,7 @@ Every malformed request becomes an ``InvalidRequest`` that names what was wrong.
 
 from __future__ import annotations
 
+import itertools
 import re
 import reprlib
 import secrets
@@ -27,10 +28,12 @@ from executors.tensors import (
 )
 from gateway.signature import ModelSignature, TensorSpec
 
-# Which JSON scalar kinds (numpy dtype.kind of np.asarray(data)) each datatype accepts.
-_ACCEPTED_KINDS = {"BOOL": "b", "BYTES": "U"}
-_ACCEPTED_KINDS.update({name: "iu" for name in KSERVE_TO_NUMPY if name.startswith(("INT", "UINT"))})
-_ACCEPTED_KINDS.update({name: "iuf" for name in ("FP16", "FP32", "FP64")})
+# Which Python types of JSON scalars each datatype accepts, element by element as Triton reads
+# them: a boolean is no number, a number no string, so ["a", 1] is not BYTES nor [1, true] INT8.
+_ACCEPTED_TYPES: dict[str, frozenset[type]] = {"BOOL": frozenset({bool}), "BYTES": frozenset({str})}
+_ACCEPTED_TYPES.update({name: frozenset({int}) for name in KSERVE_TO_NUMPY if name.startswith(("INT", "UINT"))})
+_ACCEPTED_TYPES.update({name: frozenset({int, float}) for name in ("FP16", "FP32", "FP64")})
+_TYPE_TEXT = {bool: "booleans", int: "integers", float: "numbers", str: "strings", dict: "objects", type(None): "nulls"}
 
 
 @dataclass(frozen=True)
@@ -223,36 +226,50 @@ def _plan_input(
 
 def _decode_json_data(name: str, data: Any, datatype: str, shape: list[int]) -> np.ndarray:
     count = element_count(shape)
-    raw = data.numbers(name, shape) if isinstance(data, _NumbersText) else None
-    if raw is None:
+    array = data.numbers(name, shape, datatype) if isinstance(data, _NumbersText) else None
+    if array is None:
         if isinstance(data, _NumbersText):
             data = data.parse(name, count)
-        if not isinstance(data, list):
-            data = [data]
-        try:
-            raw = np.asarray(data)
-        except ValueError:
-            raise InvalidRequest(f"input '{name}': 'data' is a ragged nested list") from None
-    if raw.size != count:
-        raise InvalidRequest(f"input '{name}': shape {shape} needs {count} elements, 'data' has {raw.size}")
-    if count and raw.dtype.kind not in _ACCEPTED_KINDS[datatype]:
-        raise InvalidRequest(f"input '{name}': 'data' holds {_kind_text(raw.dtype.kind)}, which is not {datatype}")
-    if datatype == "BYTES":
-        array = np.empty(count, dtype=np.object_)
-        array[:] = [s.encode("utf-8") for s in raw.ravel().tolist()]
-        return array.reshape(shape)
-    dtype = KSERVE_TO_NUMPY[datatype]
-    if dtype.kind in "iu" and count:
-        info = np.iinfo(dtype)
-        if raw.min() < info.min or raw.max() > info.max:
-            raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}")
-    with np.errstate(over="ignore"):
-        array = raw.astype(dtype, copy=False).reshape(shape)
+        array = _typed_array(name, _flat(name, data if isinstance(data, list) else [data]), datatype)
+    if array.size != count:
+        raise InvalidRequest(f"input '{name}': shape {shape} needs {count} elements, 'data' has {array.size}")
+    array = array.reshape(shape)
     # JSON has no NaN or infinity, so a value that is not finite once converted was too large
     # for the datatype (1e39 for FP32, 70000 for FP16).
-    if dtype.kind == "f" and not np.isfinite(array).all():
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}")
     return array
+
+
+def _flat(name: str, data: list[Any]) -> list[Any]:
+    """The scalars of ``data``, a list nested any number of levels deep, in order; a ragged list
+    (sub-lists of different lengths, or lists beside scalars) is refused."""
+    while data and type(data[0]) is list:
+        if not all(type(item) is list for item in data) or len(set(map(len, data))) != 1:
+            raise InvalidRequest(f"input '{name}': 'data' is a ragged nested list")
+        data = list(itertools.chain.from_iterable(data))
+    return data
+
+
+def _typed_array(name: str, values: list[Any], datatype: str) -> np.ndarray:
+    """``values`` (flat JSON scalars) as a 1-D array of ``datatype``, each checked for its type:
+    not numpy's guess for the whole list, which reads ["a", 1] as strings, [1, true] as integers,
+    and a UINT64 above 2**63 beside a small one as floats."""
+    wrong = set(map(type, values)) - _ACCEPTED_TYPES[datatype]
+    if wrong:
+        if list in wrong:
+            raise InvalidRequest(f"input '{name}': 'data' is a ragged nested list")
+        held = " and ".join(sorted(_TYPE_TEXT.get(kind, "values") for kind in wrong))
+        raise InvalidRequest(f"input '{name}': 'data' holds {held}, which is not {datatype}")
+    if datatype == "BYTES":
+        array = np.empty(len(values), dtype=np.object_)
+        array[:] = [text.encode("utf-8") for text in values]  # a numpy string array would drop trailing NULs
+        return array
+    try:
+        with np.errstate(over="ignore"):  # a float too large for the datatype is refused by the caller
+            return np.asarray(values, dtype=KSERVE_TO_NUMPY[datatype])
+    except OverflowError:
+        raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}") from None
 
 
 def _batch_rows(shapes: dict[str, list[int]], signature: ModelSignature, max_batch_size: int) -> int:
@@ -318,10 +335,6 @@ _BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxoth
 
 def _shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join("any" if d == -1 else str(d) for d in shape) + "]"
-
-
-def _kind_text(kind: str) -> str:
-    return {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings"}.get(kind, "values")
 
 
 # -- large JSON texts ---------------------------------------------------------------------------
@@ -396,12 +409,24 @@ def _long_data_arrays(text: bytes | bytearray) -> Iterator[tuple[int, int]]:
         begin = found.end() - 1
         stop = _search(_NOT_IN_NUMBERS, text, begin)
         run_end = stop.start() if stop is not None else len(text)
-        # The run of number characters holds the array, then at most a comma and whitespace;
-        # anything else left after its last "]" breaks the JSON that is parsed without it.
+        # Where the run of number characters holds the whole array, then at most a comma and
+        # whitespace, the array ends at its last "]". Where the run stops inside the array (a
+        # string among its numbers), the brackets up to that "]" do not pair up: setting that
+        # text aside would break the JSON, which is then parsed as it came.
         end = text.rfind(b"]", begin, run_end) + 1
-        if end - begin >= _MIN_SET_ASIDE_BYTES:
+        if end - begin >= _MIN_SET_ASIDE_BYTES and _brackets_pair(text, begin, end):
             yield begin, end
         position = run_end
+
+
+def _brackets_pair(text: bytes | bytearray, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` opens as many brackets as it closes, counted a window at a
+    time so that no call is long."""
+    balance = 0
+    for position in range(start, end, _WINDOW_BYTES):
+        stop = min(position + _WINDOW_BYTES, end)
+        balance += text.count(b"[", position, stop) - text.count(b"]", position, stop)
+    return balance == 0
 
 
 def _search(pattern: re.Pattern[bytes], text: bytes | bytearray, position: int, overlap: int = 0) -> re.Match[bytes] | None:
@@ -432,9 +457,9 @@ class _NumbersText:
         leading = _LEADING_BRACKETS.match(self.text, self.start, min(self.end, self.start + 4096))
         return leading.group().count(b"[") if leading is not None else 1
 
-    def numbers(self, name: str, shape: list[int]) -> np.ndarray | None:
-        """Its numbers, flat, read a piece at a time, when it is laid out flat or nested as
-        ``shape`` (what clients send); None otherwise (``parse`` reads it then)."""
+    def numbers(self, name: str, shape: list[int], datatype: str) -> np.ndarray | None:
+        """Its numbers as ``datatype``, flat, read a piece at a time, when it is laid out flat or
+        nested as ``shape`` (what clients send); None otherwise (``parse`` reads it then)."""
         depth, inner_start, inner_end = self.depth, self.start + 1, self.end - 1
         if not element_count(shape):
             return None
@@ -457,9 +482,9 @@ class _NumbersText:
                 values = orjson.loads(b"[" + piece + b"]")
                 if not values:  # between two commas, or after the last one
                     raise orjson.JSONDecodeError("a comma without a number", "", 0)
-                parts.append(np.asarray(values))
-            except (orjson.JSONDecodeError, OverflowError):
+            except orjson.JSONDecodeError:
                 raise InvalidRequest(f"the request is not valid JSON: input '{name}' has a malformed number in 'data'") from None
+            parts.append(_typed_array(name, values, datatype))
             if cut == inner_end:
                 return np.concatenate(parts) if len(parts) > 1 else parts[0]
             position = cut + 1

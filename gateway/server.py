@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hmac
 import logging
@@ -15,7 +16,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 
 import orjson
-from aiohttp import web
+from aiohttp import web, web_urldispatcher
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from executors.tensors import KSERVE_TO_TRITON_CONFIG
@@ -23,9 +24,9 @@ from gateway import __version__
 from gateway.config import GatewayConfig
 from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
-from gateway.logs import ACCESS_LOG, AccessLog
+from gateway.logs import ACCESS_LOG, REQUEST_ID_KEY, AccessLog
 from gateway.metrics import GatewayMetrics, triton_exposition
-from gateway.observe import observe, record_of
+from gateway.observe import REQUEST_ID_HEADER, observe, record_of
 from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
@@ -67,6 +68,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     """Every error leaves as JSON {"error": ...}; an unexpected one is logged and is a 500."""
     try:
         return await handler(request)
+    except BodyTimedOut as error:
+        return await _answer_and_close(request, error_response(error.status, str(error)))
     except InvalidRequest as error:
         return error_response(error.status, str(error))
     except web.HTTPException as error:
@@ -79,6 +82,31 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "internal error; see the gateway's log")
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` (curl's for bodies over 1 KiB) as aiohttp answers it; any other
+    expectation a JSON 417, as every error of the gateway (aiohttp's own is plain text, sent
+    before any middleware runs)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        # The body that may follow is not read: answered, then closed.
+        refusal = error_response(417, f"unknown expectation {expect!r}: only 100-continue is supported")
+        return await _answer_and_close(request, refusal)
+    await web_urldispatcher._default_expect_handler(request)  # aiohttp's own "100 Continue", kept exact
+    return None
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send ``response`` now, then close the connection at once: aiohttp would otherwise linger
+    up to 10 s reading the rest of a body that a stalled client is not sending."""
+    if REQUEST_ID_KEY in request:  # set by observe, the outermost middleware (an Expect is answered before it)
+        response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    return response
 
 
 def bearer_guard(admin_token: str | None, data_token: str | None) -> Middleware:
@@ -106,8 +134,19 @@ def bearer_guard(admin_token: str | None, data_token: str | None) -> Middleware:
     return guard
 
 
-async def _read_body(request: web.Request) -> list[bytes]:
+class BodyTimedOut(InvalidRequest):
+    """A body still not all sent when its request's time is up: 408, and the connection closed,
+    as nginx's client_body_timeout does (the rest of the body will not be waited for)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"the request body did not arrive within {timeout_s * 1000:g} ms (server.request_timeout_ms)", 408)
+
+
+async def _read_body(request: web.Request, timeout_s: float, started: float | None = None) -> list[bytes]:
     """The request body, in pieces of at most ``BODY_CHUNK_BYTES``; ``joined`` makes them one.
+    All of it must arrive within ``timeout_s`` of ``started`` (a ``perf_counter`` time; now by
+    default), or BodyTimedOut: a client that stops half-way through its body holds no request
+    and no connection for longer than any request may take.
 
     Not ``request.read()``: that copies the body twice on the event loop, and a 60 MB body
     held the loop for tens of milliseconds at its last copy. A body that aiohttp's parser
@@ -117,13 +156,18 @@ async def _read_body(request: web.Request) -> list[bytes]:
     request.content.set_read_chunk_size(limit)  # as request.read() does: fewer pauses of the socket
     chunks: list[bytes] = []
     size = 0
+    left_s = timeout_s - (time.perf_counter() - started if started is not None else 0.0)
     try:
-        while chunk := await request.content.read(BODY_CHUNK_BYTES):
-            size += len(chunk)
-            if size > limit:
-                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-            chunks.append(chunk)
+        # A body already all received (most are) is read without a timer.
+        async with contextlib.nullcontext() if request.content.is_eof() else asyncio.timeout(max(left_s, 0.0)):
+            while chunk := await request.content.read(BODY_CHUNK_BYTES):
+                size += len(chunk)
+                if size > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+                chunks.append(chunk)
         return chunks
+    except TimeoutError:
+        raise BodyTimedOut(timeout_s) from None
     except web.RequestPayloadError as error:
         if request.transport is None or request.transport.is_closing():
             raise ConnectionResetError("the client left while sending its body") from error
@@ -187,6 +231,7 @@ class Handlers:
         self.engine = engine
         server = engine.config.server
         self.limits = Limits(server.max_json_depth, server.max_elements)
+        self.request_timeout_s = server.request_timeout_ms / 1000
         self.draining = False  # set on SIGTERM/SIGINT: not ready, no new requests
         # Decoding a large request (and encoding a large response) runs here, off the event loop.
         # One thread: the work holds the GIL, so more threads would only make the loop wait longer.
@@ -285,6 +330,9 @@ class Handlers:
         try:
             response, outcome, result = await self._infer(request, runtime, arrival)
             return response
+        except BodyTimedOut:
+            outcome = "timeout"
+            raise
         except InvalidRequest:
             outcome = "invalid"
             raise
@@ -304,7 +352,7 @@ class Handlers:
         assert runtime.signature is not None
         if self.draining:
             return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
-        chunks = await _read_body(request)
+        chunks = await _read_body(request, self.request_timeout_s, arrival)
         parsed = await self._off_loop(
             sum(len(chunk) for chunk in chunks),
             _parse_chunks,
@@ -428,7 +476,7 @@ class Handlers:
         # orjson, not json: it refuses NaN and Infinity, which are not JSON, and nesting past
         # 1024 levels, where json.loads raises RecursionError.
         try:
-            return orjson.loads(joined(await _read_body(request)))
+            return orjson.loads(joined(await _read_body(request, self.request_timeout_s)))
         except orjson.JSONDecodeError as error:
             raise InvalidRequest(f"the body is not valid JSON: {error}") from None
 
@@ -503,7 +551,9 @@ def build_app(engine: Engine, tracer: RequestTracer | None = None) -> web.Applic
     # answers HEAD as well, as aiohttp's web.get does.
     app.add_routes(
         [
-            web.get(r.path, getattr(h, r.handler)) if r.method == "GET" else web.route(r.method, r.path, getattr(h, r.handler))
+            web.get(r.path, getattr(h, r.handler), expect_handler=expect_continue)
+            if r.method == "GET"
+            else web.route(r.method, r.path, getattr(h, r.handler), expect_handler=expect_continue)
             for r in ROUTES
         ]
     )

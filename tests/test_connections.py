@@ -141,3 +141,44 @@ def test_slowloris_under_a_low_descriptor_limit_neither_holds_off_requests_nor_s
             for sock in slow:
                 sock.close()
         assert gateway.process.poll() is None, gateway.output()
+
+
+# -- a body that stops half-way ---------------------------------------------------------------------
+
+REQUEST_TIMEOUT_MS = 1500
+
+
+def test_a_body_that_stops_half_way_ends_at_the_request_timeout(tmp_models):
+    """Headers in time, then half the body and nothing more: the request ends with a 408 at
+    request_timeout_ms and its connection is closed, so that stalled bodies can neither hold a
+    request in flight for ever nor keep the connections of the cap from good clients."""
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 1000, "max_batch_size": 8}})
+    config.write_text(config.read_text() + f"\n[server]\nrequest_timeout_ms = {REQUEST_TIMEOUT_MS}\nmax_connections = 4\n")
+    body = BODY.encode()
+    with run_gateway(config) as gateway:
+        stalled = []
+        for path in ("/v2/models/mlp/infer",) * 3 + ("/admin/models/mlp/sla",):
+            sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            method = "POST" if path.endswith("infer") else "PUT"
+            sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:100])
+            stalled.append(sock)
+        began = time.monotonic()
+        answers = []
+        for sock in stalled:
+            answer = b""
+            while chunk := sock.recv(65536):  # to the end: the gateway closes the connection
+                answer += chunk
+            answers.append(answer)
+            sock.close()
+        waited = time.monotonic() - began
+        assert waited < REQUEST_TIMEOUT_MS / 1000 + 5, waited
+        for answer in answers:
+            head, _, text = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), answer
+            assert json.loads(text)["error"] == "the request body did not arrive within 1500 ms (server.request_timeout_ms)"
+        stats = gateway.admin("mlp")["stats"]
+        assert stats["outcomes"] == {"timeout": 3}, stats
+        assert requests.post(f"{gateway.base}/v2/models/mlp/infer", data=BODY, timeout=5).status_code == 200
+        metrics = gateway.metrics()
+        assert 'gateway_requests_in_flight{model="mlp"} 0.0' in metrics
+        assert 'gateway_requests_received_total{model="mlp"} 4.0' in metrics

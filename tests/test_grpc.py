@@ -4,6 +4,10 @@ codes and the HTTP words, the data token as metadata, and the typed contents of 
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import grpc
 import numpy as np
 import onnxruntime as ort
@@ -118,3 +122,74 @@ def test_the_data_token_is_metadata_and_health_stays_open(tmp_models):
             "mlp", [_tensor("x", np.zeros((1, 512), np.float32))], headers={"authorization": "Bearer s3cret-data-token"}
         )
         assert result.as_numpy("y").shape == (1, 512)
+
+
+def test_typed_values_out_of_their_datatype_are_refused_as_over_http():
+    """int_contents carries INT8 as int32, so 300 is a valid field: the parser must refuse it."""
+    from gateway.grpc_server import as_http_request
+    from gateway.protocol import InvalidRequest
+
+    for datatype, field, value in (("INT8", "int_contents", 300), ("UINT8", "uint_contents", 1000)):
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype=datatype, shape=[1, 1])
+        getattr(tensor.contents, field).append(value)
+        with pytest.raises(InvalidRequest, match=f"input 'x': a value is outside the range of {datatype}"):
+            as_http_request(service_pb2.ModelInferRequest(model_name="m", inputs=[tensor]))
+
+
+def test_classification_is_refused_over_grpc_as_over_http(grpc_gateway):
+    client = triton_grpc.InferenceServerClient(grpc_gateway.grpc_url)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer(
+            "mlp", [_tensor("x", np.zeros((1, 512), np.float32))], outputs=[triton_grpc.InferRequestedOutput("y", class_count=2)]
+        )
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "the classification extension is not supported" in refused.value.message()
+
+
+def test_a_call_its_client_gives_up_on_is_counted_as_gone(grpc_gateway):
+    """A passed deadline or a cancel ends the call's task: client_gone, as an HTTP client that left."""
+
+    before = grpc_gateway.admin("mlp")["stats"]["outcomes"]
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 512])
+    request = service_pb2.ModelInferRequest(
+        model_name="mlp", inputs=[tensor], raw_input_contents=[np.zeros((1, 512), np.float32).tobytes()]
+    )
+    executor = grpc_gateway.executor_pid("mlp")
+    os.kill(executor, signal.SIGSTOP)  # no call can end but by its client (well within the hang timeout)
+    try:
+        with grpc.insecure_channel(grpc_gateway.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError) as late:
+                    stub.ModelInfer(request, timeout=0.05)
+                assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            calls = [stub.ModelInfer.future(request) for _ in range(3)]
+            time.sleep(0.05)
+            assert all(call.cancel() for call in calls)
+    finally:
+        os.kill(executor, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while (
+        time.monotonic() < deadline
+        and grpc_gateway.admin("mlp")["stats"]["outcomes"].get("client_gone", 0) < before.get("client_gone", 0) + 6
+    ):
+        time.sleep(0.2)
+    outcomes = grpc_gateway.admin("mlp")["stats"]["outcomes"]
+    assert outcomes.get("client_gone", 0) - before.get("client_gone", 0) == 6, outcomes
+    assert outcomes.get("internal_error", 0) == before.get("internal_error", 0), outcomes
+
+
+def test_calls_not_served_say_why_and_leave_no_traceback(grpc_gateway):
+    with grpc.insecure_channel(grpc_gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for call, request in (
+            (stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest()),
+            (stub.CudaSharedMemoryRegister, service_pb2.CudaSharedMemoryRegisterRequest(name="r")),
+            (stub.TraceSetting, service_pb2.TraceSettingRequest()),
+            (stub.LogSettings, service_pb2.LogSettingsRequest()),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "is not served by this gateway" in refused.value.details()
+    assert "NotImplementedError" not in grpc_gateway.output()

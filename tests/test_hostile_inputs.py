@@ -347,3 +347,18 @@ def test_empty_bodies_are_a_400_each(gateway):
         response = requests.post(f"{gateway.base}/v2/models/mlp/infer", headers=AUTH, timeout=10)
         assert response.status_code == 400 and "not valid JSON" in response.json()["error"]
     assert infer(gateway, GOOD).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v2/models/mlp/infer"), ("PUT", "/admin/models/mlp/sla")])
+def test_an_unknown_expectation_is_a_json_417(gateway, method, path):
+    """aiohttp answered it in text/plain before any middleware; the body is not waited for."""
+    status, headers, body = raw_http(
+        gateway, f"{method} {path} HTTP/1.1\r\nHost: x\r\nExpect: bogus\r\nContent-Length: 100\r\n\r\n".encode() + b"{" * 10
+    )
+    assert status == 417, body
+    assert headers["content-type"].startswith("application/json"), (headers, body)
+    assert json.loads(body)["error"] == "unknown expectation 'bogus': only 100-continue is supported"
+    response = requests.post(
+        f"{gateway.base}/v2/models/mlp/infer", data=json.dumps(GOOD), headers={**AUTH, "Expect": "100-continue"}, timeout=10
+    )
+    assert response.status_code == 200, response.text
