@@ -260,6 +260,8 @@ class SupervisedExecutor(abc.ABC):
             self._server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
+        if self.actuator is not None:  # an executor unloaded at run time leaves no group behind
+            self.actuator.detach(self.id)
         self.state = "stopped"
 
     def describe(self) -> dict[str, Any]:

@@ -241,6 +241,10 @@ class Actuator(Protocol):
     name: str
 
     def attach(self, executor_id: str, pid: int) -> None: ...
+    def detach(self, executor_id: str) -> None:
+        """Forget a stopped executor (its process gone): its group is removed."""
+        ...
+
     def apply(self, executor_id: str, cores: float) -> float:
         """Give the executor ``cores``; returns the cores really enforced."""
         ...
@@ -263,6 +267,9 @@ class CgroupActuator:
     def attach(self, executor_id: str, pid: int) -> None:
         self.hierarchy.group(executor_id).add(pid)
 
+    def detach(self, executor_id: str) -> None:
+        self.hierarchy.group(executor_id).remove()
+
     def apply(self, executor_id: str, cores: float) -> float:
         return self.hierarchy.group(executor_id).set_cpu_quota(cores, self.period_us)
 
@@ -284,6 +291,9 @@ class AffinityActuator:
 
     def attach(self, executor_id: str, pid: int) -> None:
         self._pids[executor_id] = pid
+
+    def detach(self, executor_id: str) -> None:
+        self._pids.pop(executor_id, None)
 
     def enforced(self, cores: float) -> float:
         return float(min(len(self._cpus), max(1, math.ceil(cores - 1e-9))))

@@ -28,9 +28,9 @@ import random
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -67,6 +67,7 @@ from supervisor.node import Allocation, Window
 HISTORY = 3600
 
 log = logging.getLogger("gateway")
+T = TypeVar("T")
 
 # An executor of this node, or one of a worker's (a dispatcher of a cluster).
 Executor = SupervisedExecutor | RemoteExecutor
@@ -102,6 +103,12 @@ class Result:
             "queue_ms": round(self.queue_ms, 3),
             "compute_ms": round(self.compute_ms, 3),
         }
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Take a task's exception, so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def gpu_memory_of(config: GatewayConfig) -> GpuMemory | None:
@@ -207,6 +214,9 @@ class ModelRuntime:
 class Engine:
     def __init__(self, config: GatewayConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.perf_counter):
         self.config = config
+        # The config file's own models, kept when one is unloaded (config.models holds those served)
+        # so that it can be loaded again.
+        self.file_models = dict(config.models)
         self.metrics = metrics
         self.clock = clock
         # Triton's last_inference is wall-clock milliseconds: the engine's clock shifted once.
@@ -243,6 +253,7 @@ class Engine:
         self.node: NodeExecutors | None = None  # this node's executors (None on a dispatcher)
         # Models being unloaded (the repository extension): no longer served, their queues draining.
         self.unloading: dict[str, ModelRuntime] = {}
+        self._repository_lock = asyncio.Lock()  # one load or unload at a time
         # Repository models served in several versions: name -> version -> the runtime's key.
         self.versions: dict[str, dict[str, str]] = {}
         self.pipelines: dict[str, PipelineRuntime] = {}  # built at start, once the models' signatures are known
@@ -442,17 +453,44 @@ class Engine:
     async def load_versions(self, name: str, models: dict[str, ModelConfig]) -> None:
         """A repository model's versions (version -> its config, keyed ``NAME.vN``), served side by
         side under ``name``: ``/versions/N`` chooses one, the highest by default."""
+        await self._repository_change(self._load_versions(name, models))
+
+    async def load_model(self, model: ModelConfig) -> ModelRuntime:
+        """Start ``model``'s CPU executor, profile it, and serve it: in the dispatch core, and in
+        the node supervisor's arithmetic of cores. A model served already is unloaded first (a
+        reload). The model is served only once it is ready; until then its requests get 404."""
+        return await self._repository_change(self._load_model(model))
+
+    async def unload_model(self, name: str, timeout_s: float = 30.0) -> None:
+        """Stop serving ``name``: new requests get 404 at once; those accepted finish (for at most
+        ``timeout_s``, then the queued ones are answered 503); its executor stops and its cores go
+        back to the other models."""
+        await self._repository_change(self._unload_model(name, timeout_s))
+
+    async def _repository_change(self, change: Coroutine[Any, Any, T]) -> T:
+        """Carry out one load or unload at a time, each to its end even when its client leaves:
+        two loads of one model at once started two executors of the same id on one socket, and an
+        unload whose handler was cancelled half-way left its model neither served nor removable."""
+        task = asyncio.ensure_future(self._one_change_at_a_time(change))
+        task.add_done_callback(_retrieve)  # where its client left, no one else awaits it
+        return await asyncio.shield(task)
+
+    async def _one_change_at_a_time(self, change: Coroutine[Any, Any, T]) -> T:
+        async with self._repository_lock:
+            return await change
+
+    async def _load_versions(self, name: str, models: dict[str, ModelConfig]) -> None:
         if name in self.models or name in self.versions:
-            await self.unload_model(name)
+            await self._unload_model(name)
         loaded: dict[str, str] = {}
         try:
             for version, model in sorted(models.items(), key=lambda item: int(item[0])):
-                runtime = await self.load_model(model)
+                runtime = await self._load_model(model)
                 runtime.served_as = (name, version)
                 loaded[version] = model.name
         except BaseException:
             for key in loaded.values():
-                await self.unload_model(key)
+                await self._unload_model(key)
             raise
         self.versions[name] = loaded
 
@@ -492,10 +530,7 @@ class Engine:
         runtime = self.models.get(key) if key is not None else None
         return runtime if runtime is not None and key not in self.unloading else None
 
-    async def load_model(self, model: ModelConfig) -> ModelRuntime:
-        """Start ``model``'s CPU executor, profile it, and serve it: in the dispatch core, and in
-        the node supervisor's arithmetic of cores. A model served already is unloaded first (a
-        reload). The model is served only once it is ready; until then its requests get 404."""
+    async def _load_model(self, model: ModelConfig) -> ModelRuntime:
         if self.node is None or self.control is None:
             raise InvalidRequest("models are loaded at run time only by a gateway that serves alone, not by a dispatcher")
         if model.cpu is None:
@@ -503,7 +538,7 @@ class Engine:
         if model.name in self.pipelines:
             raise InvalidRequest(f"'{model.name}' is a pipeline of the config")
         if model.name in self.models:
-            await self.unload_model(model.name)
+            await self._unload_model(model.name)
         runtime = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=[])
         executor = self.node.cpu_executor(model, self._socket_dir, self._on_executor_change)
         self.executors[executor.id] = executor
@@ -528,13 +563,10 @@ class Engine:
         log.info("model %s: loaded (executor %s, pid %s)", model.name, executor.id, executor.pid)
         return runtime
 
-    async def unload_model(self, name: str, timeout_s: float = 30.0) -> None:
-        """Stop serving ``name``: new requests get 404 at once; those accepted finish (for at most
-        ``timeout_s``, then the queued ones are answered 503); its executor stops and its cores go
-        back to the other models."""
+    async def _unload_model(self, name: str, timeout_s: float = 30.0) -> None:
         if name in self.versions:
             for key in self.versions.pop(name).values():
-                await self.unload_model(key, timeout_s)
+                await self._unload_model(key, timeout_s)
             return
         runtime = self.models.get(name)
         if runtime is None or name in self.unloading:

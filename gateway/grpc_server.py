@@ -210,7 +210,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.RepositoryIndexResponse(models=[service_pb2.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     async def RepositoryModelLoad(self, request, context):  # noqa: N802
-        config = request.parameters["config"].string_param if "config" in request.parameters else None
+        # Whatever the parameter's type: parse_override refuses one that is not a string, naming it.
+        config = _parameter_value(request.parameters["config"]) if "config" in request.parameters else None
         try:
             await load_from_repository(self.engine, request.model_name, config)
         except InvalidRequest as error:

@@ -113,9 +113,11 @@ def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str,
     UNLOADING, UNAVAILABLE with the reason), by name; ``ready_only``: the READY ones."""
     entries: dict[tuple[str, str], dict[str, str]] = {}
     served = {runtime.served_name for runtime in engine.models.values()}
-    for name, found in scan(engine.config.server.model_dir).items():
+    unloaded = {name: found.version for name, found in scan(engine.config.server.model_dir).items()}
+    unloaded.update({name: "1" for name in engine.file_models if name not in unloaded})  # the config's, unloaded at run time
+    for name, version in unloaded.items():
         if name not in served:
-            entries[name, found.version] = {"name": name, "version": found.version, "state": UNAVAILABLE, "reason": "unloaded"}
+            entries[name, version] = {"name": name, "version": version, "state": UNAVAILABLE, "reason": "unloaded"}
     for key, runtime in engine.models.items():
         state = UNLOADING if key in engine.unloading else READY if runtime.ready else UNAVAILABLE
         name, version = runtime.served_name, runtime.version
@@ -132,11 +134,11 @@ async def load_from_repository(engine: Engine, name: str, override_text: object)
     current = engine.models.get(name)
     if found is not None:
         table = found.table()
-    elif current is not None or name in engine.config.models:
-        model = current.config if current is not None else engine.config.models[name]
+    elif current is not None or name in engine.file_models:
+        model = current.config if current is not None else engine.file_models[name]
         table = {"path": str(model.path), "sla_ms": model.sla_ms, "max_batch_size": model.max_batch_size}
     else:
-        known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.models}))
+        known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.models, *engine.file_models}))
         raise InvalidRequest(f"no model '{name}' in the repository ({engine.config.server.model_dir}); known: {known}", 404)
     from executors.lifecycle import ExecutorStartError
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import requests
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from onnx import numpy_helper
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import free_port, run_gateway
@@ -158,6 +161,14 @@ def test_the_repository_over_grpc(repository, example_models):
     with pytest.raises(InferenceServerException) as refused:
         client.load_model("small")  # no admin token
     assert refused.value.status() == str(grpc.StatusCode.UNAUTHENTICATED)
+    with grpc.insecure_channel(repository.grpc_url) as channel:  # a config that is not a string: named
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.RepositoryModelLoadRequest(model_name="small")
+        request.parameters["config"].int64_param = 3
+        with pytest.raises(grpc.RpcError) as not_text:
+            stub.RepositoryModelLoad(request, metadata=tuple(metadata.items()))
+    assert not_text.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "parameter 'config' must be a string" in not_text.value.details()
     client.load_model("small", headers=metadata, config=json.dumps({"sla_ms": 300}))
     states = {m.name: m.state for m in client.get_model_repository_index(headers=metadata).models}
     assert states["small"] == "READY"
@@ -196,3 +207,72 @@ def test_versions_are_served_side_by_side_the_latest_by_default(repository):
     client.unload_model("duo", headers=ADMIN)
     assert requests.post(f"{repository.base}/v2/models/duo/infer", json=MLP_BODY, timeout=10).status_code == 404
     assert requests.post(f"{repository.base}/v2/models/duo/versions/1/infer", json=MLP_BODY, timeout=10).status_code == 404
+
+
+def _served_by(gateway, model: str) -> list[dict]:
+    described = requests.get(f"{gateway.base}/admin/models/{model}", headers=ADMIN, timeout=10).json()
+    return described["executors"]
+
+
+def test_two_loads_of_one_model_at_once_leave_it_served_by_one_executor(repository):
+    """Each load runs to its end before the next begins (the second a reload); at once, they
+    started two executors of one id on one socket, and the model was broken for good."""
+    answers: list[int] = []
+
+    def load() -> None:
+        url = f"{repository.base}/v2/repository/models/mlp2/load"
+        answers.append(requests.post(url, headers=ADMIN, timeout=60).status_code)
+
+    loaders = [threading.Thread(target=load) for _ in range(2)]
+    for loader in loaders:
+        loader.start()
+    for loader in loaders:
+        loader.join()
+    assert answers == [200, 200]
+    (executor,) = _served_by(repository, "mlp2")
+    assert executor["state"] == "ready" and executor["restarts"] == 0
+    for _ in range(5):
+        response = requests.post(f"{repository.base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10)
+        assert response.status_code == 200, response.text
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def _cpu_group(gateway, executor_id: str) -> list[Path]:
+    group = f"gateway-{gateway.process.pid}/{executor_id}"
+    return [*Path("/sys/fs/cgroup").glob(f"cpu*/{group}"), *Path("/sys/fs/cgroup").glob(group)]  # v1, v2
+
+
+def test_an_unload_its_client_leaves_still_ends_and_leaves_no_cpu_group(repository):
+    """The client hangs up right after asking: the unload goes on to its end, so that the model
+    is neither half served nor impossible to load again, and its executor's group goes with it."""
+    for _ in range(3):
+        requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+        (executor,) = _served_by(repository, "mlp2")
+        if executor["actuator"] != "affinity":
+            assert _cpu_group(repository, executor["id"]), "no CPU group while loaded"
+        with socket.create_connection(("127.0.0.1", repository.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v2/repository/models/mlp2/unload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                b"Authorization: Bearer an-admin-token-of-length\r\n\r\n"
+            )
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, at once
+        deadline = time.monotonic() + 30
+        while index(repository)["mlp2"] != "UNAVAILABLE" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert index(repository)["mlp2"] == "UNAVAILABLE"
+        assert requests.post(f"{repository.base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 404
+        assert not _cpu_group(repository, executor["id"])
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    assert requests.post(f"{repository.base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 200
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def test_a_model_of_the_config_loads_again_once_unloaded(repository):
+    unloaded = requests.post(f"{repository.base}/v2/repository/models/mlp/unload", headers=ADMIN, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    assert requests.post(f"{repository.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=10).status_code == 404
+    assert index(repository)["mlp"] == "UNAVAILABLE"
+    loaded = requests.post(f"{repository.base}/v2/repository/models/mlp/load", headers=ADMIN, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    assert index(repository)["mlp"] == "READY"
+    assert requests.post(f"{repository.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=10).status_code == 200
