@@ -13,8 +13,8 @@ Triton maps its HTTP statuses: 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE
 
 Tokens are the HTTP ones, as metadata (``authorization: Bearer TOKEN``): health calls are open,
 the rest need the data token where one is set, and the model repository calls the admin token,
-as HTTP's /v2/repository. Shared memory, trace and log settings are not served (UNIMPLEMENTED,
-with the reason).
+as HTTP's /v2/repository. ModelStreamInfer serves a stream's requests side by side, each answered
+once. Shared memory, trace and log settings are not served (UNIMPLEMENTED, with the reason).
 """
 
 from __future__ import annotations
@@ -228,6 +228,58 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request, context):  # noqa: N802
         runtime = await self._runtime(request.model_name, request.model_version, context)
+        try:
+            return await self._infer(runtime, request)
+        except Refused as refused:
+            await context.abort(refused.code, str(refused))
+
+    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+        """Triton's streaming inference, for models that answer each request once: the requests
+        of a stream are served side by side, each answered as it ends (the response names its
+        request's id), a refusal as the response's ``error_message``; the stream goes on."""
+        answers: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
+        serving: set[asyncio.Task[None]] = set()
+
+        async def serve(request: service_pb2.ModelInferRequest) -> None:
+            answers.put_nowait(await self._stream_answer(request))
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(serve(request))
+                    serving.add(task)
+                    task.add_done_callback(serving.discard)
+            finally:
+                answers.put_nowait(None)  # the client sent its last request (or the stream broke)
+
+        reader = asyncio.create_task(read())
+        read_all = False
+        try:
+            while not (read_all and not serving and answers.empty()):
+                answer = await answers.get()
+                if answer is None:
+                    read_all = True
+                    await asyncio.gather(*serving)  # each puts its answer before it ends
+                else:
+                    yield answer
+            await reader  # a stream that broke ends with its error
+        finally:  # the client left, or the stream failed: what is still running is let go
+            reader.cancel()
+            for task in serving:
+                task.cancel()
+
+    async def _stream_answer(self, request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
+        runtime = self.engine.served(request.model_name, request.model_version or None)
+        if runtime is None:
+            message = self.engine.not_served(request.model_name, request.model_version or None)
+            return service_pb2.ModelStreamInferResponse(error_message=message)
+        try:
+            return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(runtime, request))
+        except Refused as refused:
+            return service_pb2.ModelStreamInferResponse(error_message=str(refused))
+
+    async def _infer(self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferResponse:
+        """One request, served and accounted for as HTTP's are; a Refused with its code otherwise."""
         engine = self.engine
         arrival = time.perf_counter()
         engine.received(runtime)
@@ -256,8 +308,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)) from None
             outcome = "success"
             return self._response(runtime, parsed, result, datatypes)
-        except Refused as refused:
-            await context.abort(refused.code, str(refused))
         except asyncio.CancelledError:
             # grpc.aio cancels the call's task when its client cancels or its deadline passes;
             # context.cancelled() is not yet true then.
@@ -293,9 +343,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- what is not served: UNIMPLEMENTED with the reason, not grpc's "Method not implemented!"
     # and a traceback in the log for each call ----------------------------------------------------
-    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "streaming inference is not served; use ModelInfer")
-
     async def CudaSharedMemoryStatus(self, request, context):  # noqa: N802
         await _not_served(context, "CUDA shared memory")
 

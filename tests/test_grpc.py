@@ -5,7 +5,9 @@ codes and the HTTP words, the data token as metadata, and the typed contents of 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import time
 
 import grpc
@@ -18,6 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import EXAMPLES, free_port, run_gateway, write_config
+from tests.perf_analyzer import REQUIRE_ENV, PerfAnalyzerUnavailable, perf_analyzer
 
 # Free dimensions: a batch of 2, and 32 for the others (PP-OCR's detector needs multiples of 32).
 SHAPES = {"mlp": [2, 512], "cnn_small": [2, 3, 32, 32], "cnn_large": [2, 3, 64, 64], "ppocr_det": [1, 3, 64, 96]}
@@ -122,6 +125,16 @@ def test_the_data_token_is_metadata_and_health_stays_open(tmp_models):
             "mlp", [_tensor("x", np.zeros((1, 512), np.float32))], headers={"authorization": "Bearer s3cret-data-token"}
         )
         assert result.as_numpy("y").shape == (1, 512)
+        # A stream is refused as a call is.
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 512])
+        request = service_pb2.ModelInferRequest(
+            model_name="mlp", inputs=[tensor], raw_input_contents=[np.zeros((1, 512), np.float32).tobytes()]
+        )
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([request]))
+            with pytest.raises(grpc.RpcError) as unauthenticated:
+                list(stream)
+        assert unauthenticated.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_typed_values_out_of_their_datatype_are_refused_as_over_http():
@@ -193,3 +206,60 @@ def test_calls_not_served_say_why_and_leave_no_traceback(grpc_gateway):
             assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
             assert "is not served by this gateway" in refused.value.details()
     assert "NotImplementedError" not in grpc_gateway.output()
+
+
+def test_a_stream_of_requests_is_answered_each_once(grpc_gateway):
+    """tritonclient's start_stream / async_stream_infer (perf_analyzer --streaming): every
+    request answered with its id, a refused one with its error, and the stream goes on."""
+    import queue
+
+    answers: queue.Queue = queue.Queue()
+    client = triton_grpc.InferenceServerClient(grpc_gateway.grpc_url)
+    before = grpc_gateway.admin("mlp")["stats"]["outcomes"]
+    rng = np.random.default_rng(8)
+    arrays = {f"r{i}": rng.random((1, 512), dtype=np.float32) for i in range(12)}
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for request_id, array in arrays.items():
+            client.async_stream_infer("mlp", [_tensor("x", array)], request_id=request_id)
+        client.async_stream_infer("mlp", [_tensor("x", np.zeros((1, 7), np.float32))], request_id="bad")
+        client.async_stream_infer("nope", [_tensor("x", np.zeros((1, 512), np.float32))], request_id="nowhere")
+        got = [answers.get(timeout=30) for _ in range(len(arrays) + 2)]
+    finally:
+        client.stop_stream()
+    session = ort.InferenceSession(str(EXAMPLES / "models" / "mlp.onnx"))
+    served = {result.get_response().id: result for result, error in got if error is None}
+    assert set(served) == set(arrays)
+    for request_id, result in served.items():
+        expected = session.run(None, {"x": arrays[request_id]})[0]
+        np.testing.assert_allclose(result.as_numpy("y"), expected, rtol=1e-4, atol=1e-5)
+    errors = sorted(error.message() for result, error in got if error is not None)
+    assert len(errors) == 2
+    assert "input 'x' has shape [1, 7]" in errors[0] and "unknown model 'nope'" in errors[1]
+    after = grpc_gateway.admin("mlp")["stats"]["outcomes"]
+    assert after["success"] - before.get("success", 0) == len(arrays)
+    assert after["invalid"] - before.get("invalid", 0) == 1
+
+
+def test_perf_analyzer_streams_over_grpc(grpc_gateway):
+    """perf_analyzer -i grpc --streaming: its requests are all answered, none refused."""
+    try:
+        binary, env = perf_analyzer()
+    except PerfAnalyzerUnavailable as missing:
+        if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true":
+            pytest.fail(f"perf_analyzer is required here: {missing}")
+        pytest.skip(f"perf_analyzer cannot run here: {missing}")
+    before = grpc_gateway.admin("mlp")["stats"]["outcomes"]
+    done = subprocess.run(
+        [str(binary), "-m", "mlp", "-u", grpc_gateway.grpc_url, "-i", "grpc", "--streaming", "--concurrency-range", "4"]
+        + ["--measurement-interval", "1000", "--stability-percentage", "100", "--max-trials", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    sent = int(re.search(r"Client: \s+Request count: (\d+)", done.stdout).group(1))
+    after = grpc_gateway.admin("mlp")["stats"]["outcomes"]
+    assert sent > 0 and after["success"] - before.get("success", 0) >= sent
+    assert {k: v - before.get(k, 0) for k, v in after.items() if k != "success" and v != before.get(k, 0)} == {}
