@@ -93,15 +93,41 @@ class TextFormatter(logging.Formatter):
         return text + " " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields.items())
 
 
+# Records waiting for the writer thread, at most: about 20 MB of them. Past that, stderr's reader
+# has stopped reading (a pipe nobody drains), and a request log line per request would otherwise
+# grow the gateway's memory without end.
+MAX_QUEUED_RECORDS = 10_000
+
+
 class _InProcessQueueHandler(logging.handlers.QueueHandler):
     """Hands records to the writer thread as they are: its message made, its traceback kept.
+    A record that finds the queue full is dropped and counted; once the writer has caught up
+    (the queue half empty), a warning says how many went.
 
     (QueueHandler's own ``prepare`` folds the traceback into the message, for queues that
     pickle; this queue never leaves the process, and the JSON formatter wants it apart.)"""
 
+    queue: queue.Queue[logging.LogRecord]
+
+    def __init__(self, records: queue.Queue[logging.LogRecord]):
+        super().__init__(records)
+        self.dropped = 0
+
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         record.msg, record.args = record.getMessage(), None
         return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        # Called under the handler's lock: one thread at a time counts.
+        if self.dropped and self.queue.qsize() <= self.queue.maxsize // 2:
+            message = f"{self.dropped} log records were dropped: stderr was not read"
+            notice = logging.LogRecord("gateway", logging.WARNING, __file__, 0, message, None, None)
+            self.queue.put_nowait(notice)
+            self.dropped = 0
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
 
 
 def configure_logging(level: str, log_format: str = "text", access_log: bool = False) -> None:
@@ -113,7 +139,7 @@ def configure_logging(level: str, log_format: str = "text", access_log: bool = F
     """
     writer = logging.StreamHandler(sys.stderr)
     writer.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    records: queue.Queue[logging.LogRecord] = queue.Queue(MAX_QUEUED_RECORDS)
     listener = logging.handlers.QueueListener(records, writer)
     listener.start()
     atexit.register(listener.stop)  # what is queued is written before the process ends

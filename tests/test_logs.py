@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import signal
@@ -199,3 +200,26 @@ def _live(port: int) -> bool:
         return requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=5).status_code == 200
     except requests.ConnectionError:
         return False
+
+
+def test_records_are_dropped_and_counted_while_nobody_reads_stderr() -> None:
+    """A full queue (the writer thread stuck on a pipe nobody reads) drops records rather than
+    grow without end; once the writer catches up, one warning says how many went."""
+    from gateway.logs import _InProcessQueueHandler
+
+    records: queue.Queue[logging.LogRecord] = queue.Queue(4)
+    handler = _InProcessQueueHandler(records)
+    logger = logging.getLogger("test.dropped")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for i in range(10):
+            logger.warning("line %d", i)
+        assert records.qsize() == 4 and handler.dropped == 6
+        assert [records.get_nowait().msg for _ in range(3)] == ["line 0", "line 1", "line 2"]
+        logger.warning("after")
+        rest = [records.get_nowait().msg for _ in range(records.qsize())]
+        assert rest == ["line 3", "6 log records were dropped: stderr was not read", "after"]
+        assert handler.dropped == 0
+    finally:
+        logger.removeHandler(handler)
