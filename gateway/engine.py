@@ -284,6 +284,7 @@ class Engine:
         self._cpu_seen: dict[str, tuple[int | None, float]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._pipelines_running = 0
         # Per-second series for the live page (/ui), filled from the events below.
         self.live = LiveSeries()
 
@@ -649,17 +650,25 @@ class Engine:
         """Serve a parsed request on its model or pipeline, whichever protocol carried it: the
         result and its outputs' datatypes; a RequestFailed (a pipeline's step named) otherwise."""
         if isinstance(runtime, PipelineRuntime):
+            # Drained as a model's request is, between its steps and in its function steps too.
+            self._pipelines_running += 1
+            self._idle.clear()
             try:
                 result = await runtime.run(self, request, arrival)
             except StepFailed as error:
                 raise RequestFailed(str(error), error.status, error.outcome) from None
+            finally:
+                self._pipelines_running -= 1
+                if not self._futures and not self._pipelines_running:
+                    self._idle.set()
             return result, runtime.datatypes_of(result.outputs)
         return await self.submit(runtime, request, arrival), runtime.datatypes
 
     @property
     def active(self) -> int:
-        """Requests handed to the core that have not ended yet."""
-        return len(self._futures)
+        """Requests handed to the core, and pipelines' requests, that have not ended yet (a
+        pipeline's step in the core counts beside its pipeline)."""
+        return len(self._futures) + self._pipelines_running
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every accepted request has ended, at most ``timeout_s``; whether they all did."""
@@ -891,7 +900,7 @@ class Engine:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-        if not self._futures:
+        if not self._futures and not self._pipelines_running:
             self._idle.set()
 
     async def _run_batch(self, batch: Batch) -> None:

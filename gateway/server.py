@@ -246,6 +246,18 @@ class Handlers:
             raise InvalidRequest(self.engine.not_served(name, version), status=404)
         return runtime
 
+    def _model(self, request: web.Request) -> ModelRuntime:
+        """The model the admin path names: a pipeline has no SLA, cores or batches of its own to
+        set (its steps' models have them), so it is no model here."""
+        runtime = self._runtime(request)
+        pipeline = self.engine.pipelines.get(runtime.name)
+        if pipeline is not None:
+            steps = ", ".join(sorted({s.model for s in pipeline.graph.table.steps if s.model is not None}))
+            raise InvalidRequest(
+                f"'{runtime.name}' is a pipeline, not a model of the admin API: set its steps' models ({steps})", status=404
+            )
+        return runtime
+
     # -- KServe v2 --------------------------------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)})
@@ -407,11 +419,11 @@ class Handlers:
         return web.json_response({"models": [self.engine.describe(r) for r in self.engine.models.values()]})
 
     async def admin_model(self, request: web.Request) -> web.Response:
-        return web.json_response(self.engine.describe(self._runtime(request)))
+        return web.json_response(self.engine.describe(self._model(request)))
 
     async def admin_pin_cores(self, request: web.Request) -> web.Response:
         """Pin a model's cores ({"cores": 0.5}) or hand them back to the policy ({"cores": null})."""
-        runtime = self._runtime(request)
+        runtime = self._model(request)
         body = await self._json_body(request)
         cores = body.get("cores", ...) if isinstance(body, dict) else ...
         # More than the node's cores is no pin the supervisor could grant.
@@ -429,7 +441,7 @@ class Handlers:
 
     async def admin_set_replicas(self, request: web.Request) -> web.Response:
         """How many workers run a model's CPU executor ({"replicas": 2}), or every one ({"replicas": null})."""
-        runtime = self._runtime(request)
+        runtime = self._model(request)
         body = await self._json_body(request)
         replicas = body.get("replicas", ...) if isinstance(body, dict) else ...
         if replicas is ... or not (replicas is None or (type(replicas) is int and replicas >= 1)):
@@ -439,7 +451,7 @@ class Handlers:
 
     async def admin_set_dispatch_batch(self, request: web.Request) -> web.Response:
         """A planned CPU batch size ({"dispatch_batch": 4}; 1: none), at most the model's max_batch_size."""
-        runtime = self._runtime(request)
+        runtime = self._model(request)
         body = await self._json_body(request)
         rows = body.get("dispatch_batch", ...) if isinstance(body, dict) else ...
         if type(rows) is not int:
@@ -482,7 +494,7 @@ class Handlers:
 
     async def admin_history(self, request: web.Request) -> web.Response:
         """One entry per control period: requests, mean response time, SLA, cores demanded and granted."""
-        runtime = self._runtime(request)
+        runtime = self._model(request)
         return web.json_response(
             {"name": runtime.name, "period_s": self.engine.config.control.period_s, "history": list(runtime.history)}
         )
@@ -506,7 +518,7 @@ class Handlers:
         )
 
     async def admin_set_sla(self, request: web.Request) -> web.Response:
-        runtime = self._runtime(request)
+        runtime = self._model(request)
         body = await self._json_body(request)
         sla = body.get("sla_ms") if isinstance(body, dict) else None
         low, high = SLA_MS_RANGE

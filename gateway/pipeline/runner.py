@@ -108,8 +108,14 @@ class PipelineRuntime:
 
         tensors: dict[str, np.ndarray] = {f"{PIPELINE_INPUT}/{k}": v for k, v in request.inputs.items()}
         steps = {s.name: s for s in self.graph.table.steps}
+        # The whole pipeline ends by its request's deadline (the client's timeout, capped by the
+        # server's), as a model's request does: each step gets what is left of it.
+        limit_s = engine.config.server.request_timeout_ms / 1000
+        if request.timeout_us:
+            limit_s = min(limit_s, request.timeout_us / 1e6)
+        deadline = _Deadline(arrival + limit_s, limit_s)
         for wave in self.graph.levels():
-            results = await asyncio.gather(*(self._step(engine, steps[name], tensors) for name in wave))
+            results = await asyncio.gather(*(self._step(engine, steps[name], tensors, deadline) for name in wave))
             for name, outputs in zip(wave, results, strict=True):
                 tensors.update({f"{name}/{k}": v for k, v in outputs.items()})
         outputs = {t.name: tensors[t.source] for t in self.graph.table.outputs if t.source is not None}
@@ -129,13 +135,19 @@ class PipelineRuntime:
         """The datatype of each output to send, the declared ones and the steps' own."""
         return {**{k: NUMPY_TO_KSERVE.get(v.dtype, "BYTES") for k, v in outputs.items()}, **self.datatypes}
 
-    async def _step(self, engine: Engine, step: PipelineStep, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def _step(
+        self, engine: Engine, step: PipelineStep, tensors: dict[str, np.ndarray], deadline: _Deadline
+    ) -> dict[str, np.ndarray]:
         arrays = {name: tensors[source] for name, source in step.inputs.items()}
         if step.model is not None:
-            return await self._model_step(engine, step, arrays)
+            return await self._model_step(engine, step, arrays, deadline)
         function = self.functions[step.name]
+        where = f"pipeline '{self.name}', step '{step.name}'"
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(None, function, arrays)
+            async with asyncio.timeout(deadline.left_s(where)):
+                outputs = await asyncio.get_running_loop().run_in_executor(None, function, arrays)
+        except TimeoutError:
+            raise deadline.passed(where) from None
         except ValueError as error:
             raise StepFailed(f"pipeline '{self.name}', step '{step.name}' refused the input: {error}", 400, "invalid") from None
         except Exception as error:
@@ -149,7 +161,9 @@ class PipelineRuntime:
             )
         return {o: outputs[o] for o in step.outputs}
 
-    async def _model_step(self, engine: Engine, step: PipelineStep, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def _model_step(
+        self, engine: Engine, step: PipelineStep, arrays: dict[str, np.ndarray], deadline: _Deadline
+    ) -> dict[str, np.ndarray]:
         from gateway.engine import RequestFailed
 
         assert step.model is not None
@@ -179,6 +193,7 @@ class PipelineRuntime:
                 chunk,
                 [RequestedOutput(t.name, True) for t in signature.outputs],
                 next(iter(chunk.values())).shape[0] if signature.batchable else 1,
+                timeout_us=max(1, round(deadline.left_s(where) * 1e6)),  # the model's queue times it out
             )
             engine.received(runtime)
             arrival, result, outcome = time.perf_counter(), None, "internal_error"
@@ -188,12 +203,35 @@ class PipelineRuntime:
                 return result.outputs
             except RequestFailed as error:
                 outcome = error.outcome
+                if error.outcome == "timeout":
+                    raise deadline.passed(where) from None
                 raise StepFailed(f"{where}: {error}", error.status, error.outcome) from None
+            except asyncio.CancelledError:  # the pipeline's client left
+                outcome = "client_gone"
+                raise
             finally:
                 engine.record(runtime, outcome, arrival, result)
 
         parts = await asyncio.gather(*(one(c) for c in chunks))
         return {t.name: np.concatenate([p[t.name] for p in parts]) for t in signature.outputs}
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    """When a pipeline's request must have ended (a ``perf_counter`` time), and its limit."""
+
+    at: float
+    limit_s: float
+
+    def left_s(self, where: str) -> float:
+        """What a step has left; a step that would begin past the deadline is refused."""
+        left = self.at - time.perf_counter()
+        if left <= 0:
+            raise self.passed(where)
+        return left
+
+    def passed(self, where: str) -> StepFailed:
+        return StepFailed(f"{where}: the pipeline's request timed out after {self.limit_s * 1000:g} ms", 504, "timeout")
 
 
 def _as_datatype(array: Any, datatype: str, where: str) -> np.ndarray:

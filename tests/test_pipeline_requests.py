@@ -1,0 +1,172 @@
+"""A pipeline's request as a model's: it ends by its deadline (the client's timeout or the
+server's, for the pipeline as a whole), a client that leaves is counted as gone on its steps'
+models too, SIGTERM drains it between and within its steps, and the admin API names it as a
+pipeline rather than failing. A two-step pipeline: a Python function that waits as long as the
+request asks, then the example MLP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.helpers import run_gateway
+
+REQUEST_TIMEOUT_MS = 1500
+
+FUNCTIONS = """
+import time
+
+
+def pause(arrays):
+    time.sleep(float(arrays["seconds"][0]))
+    return {"x": arrays["x"]}
+"""
+
+CONFIG = f"""
+[server]
+request_timeout_ms = {REQUEST_TIMEOUT_MS}
+
+[control]
+policy = "fixed"
+
+[models.mlp]
+path = "mlp.onnx"
+sla_ms = 1000
+max_batch_size = 8
+cpu = {{ cores = 1.0, threads = 1 }}
+
+[pipelines.waits]
+sla_ms = 2000
+inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}, {{ name = "seconds", datatype = "FP32", shape = [1] }}]
+outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
+
+[[pipelines.waits.steps]]
+name = "pause"
+function = "steps.py:pause"
+inputs = {{ x = "request/x", seconds = "request/seconds" }}
+outputs = ["x"]
+
+[[pipelines.waits.steps]]
+name = "model"
+model = "mlp"
+inputs = {{ x = "pause/x" }}
+"""
+
+
+@pytest.fixture
+def pipeline(tmp_path, example_models):
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    (tmp_path / "steps.py").write_text(FUNCTIONS)
+    (tmp_path / "config.toml").write_text(CONFIG)
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        yield gateway
+
+
+def _body(seconds: float, **parameters) -> dict:
+    inputs = [
+        {"name": "x", "datatype": "FP32", "shape": [1, 512], "data": [0.5] * 512},
+        {"name": "seconds", "datatype": "FP32", "shape": [1], "data": [seconds]},
+    ]
+    return {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
+
+
+def _infer(gateway, seconds: float, **parameters) -> tuple[requests.Response, float]:
+    began = time.monotonic()
+    response = requests.post(f"{gateway.base}/v2/models/waits/infer", json=_body(seconds, **parameters), timeout=30)
+    return response, time.monotonic() - began
+
+
+def _outcomes(gateway, model: str) -> dict[str, int]:
+    stats = requests.get(f"{gateway.base}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
+    return {"success": stats["inference_stats"]["success"]["count"], "fail": stats["inference_stats"]["fail"]["count"]}
+
+
+def _metric(gateway, model: str, outcome: str) -> float:
+    line = f'gateway_requests_total{{model="{model}",outcome="{outcome}"}} '
+    found = [row for row in gateway.metrics().splitlines() if row.startswith(line)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def test_a_pipeline_ends_by_its_deadline_not_each_step_by_its_own(pipeline):
+    """Each step used to get the whole request_timeout_ms from its own start, and the client's
+    timeout reached no step: a 1 ms timeout was answered 200 seconds later."""
+    served, took = _infer(pipeline, 0.0)
+    assert served.status_code == 200, served.text
+    # The client's own timeout (microseconds, as Triton reads it), passed in the function step.
+    late, took = _infer(pipeline, 0.3, timeout=100_000)
+    assert late.status_code == 504, late.text
+    assert late.json()["error"] == "pipeline 'waits', step 'pause': the pipeline's request timed out after 100 ms"
+    assert took < 0.3 + 1.0, took
+    # The server's limit for the whole pipeline: the function step takes most of it, the model
+    # step gets what is left (its queue times it out), not 1.5 s of its own.
+    pipeline_timeouts = _metric(pipeline, "waits", "timeout")
+    capped, took = _infer(pipeline, REQUEST_TIMEOUT_MS / 1000 - 0.01)
+    if capped.status_code == 200:  # the MLP answered within the last 10 ms: rare, but in time
+        assert took < REQUEST_TIMEOUT_MS / 1000 + 0.5
+    else:
+        assert capped.status_code == 504, capped.text
+        assert "the pipeline's request timed out after 1500 ms" in capped.json()["error"]
+        assert took < REQUEST_TIMEOUT_MS / 1000 + 0.5, took
+        assert _metric(pipeline, "waits", "timeout") == pipeline_timeouts + 1
+    over, took = _infer(pipeline, REQUEST_TIMEOUT_MS / 1000 + 0.5)
+    assert over.status_code == 504 and took < REQUEST_TIMEOUT_MS / 1000 + 0.5, (over.text, took)
+
+
+def test_a_client_that_leaves_a_pipeline_is_gone_on_its_steps_models_too(pipeline):
+    before_mlp = _metric(pipeline, "mlp", "client_gone")
+    # The MLP's executor stopped: the model step waits in its queue until the client leaves.
+    pid = pipeline.executor_pid("mlp")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        body = json.dumps(_body(0.0)).encode()
+        with socket.create_connection(("127.0.0.1", pipeline.port), timeout=10) as sock:
+            sock.sendall(
+                f"POST /v2/models/waits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(0.3)  # in the model step by now
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while _metric(pipeline, "mlp", "client_gone") == before_mlp and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric(pipeline, "mlp", "client_gone") == before_mlp + 1
+    assert _metric(pipeline, "mlp", "internal_error") == 0
+    assert _metric(pipeline, "waits", "client_gone") == 1
+
+
+def test_sigterm_drains_a_pipeline_in_its_function_step(pipeline):
+    answers: list[requests.Response] = []
+    sender = threading.Thread(target=lambda: answers.append(_infer(pipeline, 0.8)[0]))
+    sender.start()
+    time.sleep(0.3)  # the function step is running: no request of the pipeline is in a queue
+    pipeline.process.send_signal(signal.SIGTERM)
+    sender.join()
+    assert answers[0].status_code == 200, answers[0].text
+    assert pipeline.process.wait(timeout=20) == 0
+
+
+def test_the_admin_api_names_a_pipeline_and_changes_nothing(pipeline):
+    sla_before = requests.get(f"{pipeline.base}/v2/models/waits/config", timeout=10).json()["parameters"]
+    expected = "'waits' is a pipeline, not a model of the admin API: set its steps' models (mlp)"
+    for method, path, body in (
+        ("GET", "", None),
+        ("GET", "/history", None),
+        ("PUT", "/sla", {"sla_ms": 100}),
+        ("PUT", "/cores", {"cores": 0.5}),
+        ("PUT", "/dispatch_batch", {"dispatch_batch": 1}),
+    ):
+        response = requests.request(method, f"{pipeline.base}/admin/models/waits{path}", json=body, timeout=10)
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["error"] == expected
+    assert requests.get(f"{pipeline.base}/v2/models/waits/config", timeout=10).json()["parameters"] == sla_before
+    assert "internal error" not in pipeline.output() and "Traceback" not in pipeline.output()
