@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import functools
 import gc
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -196,7 +198,7 @@ def serve(
             started = time.perf_counter()
             names = [arg.name for arg in session.get_outputs()]
             if header["model"] in zero_outputs:
-                rows = next(iter(feeds.values())).shape[0]
+                rows = batch_rows(feeds)
                 outputs = [
                     np.zeros([rows, *spec["shape"][1:]], dtype=KSERVE_TO_NUMPY[spec["datatype"]])
                     for spec in zero_outputs[header["model"]]
@@ -206,7 +208,7 @@ def serve(
             compute_ms = (time.perf_counter() - started) * 1000.0
             if header["model"] in emulate:
                 per_item_ms, fixed_ms = emulate[header["model"]]
-                rows = next(iter(feeds.values())).shape[0] if feeds else 1
+                rows = batch_rows(feeds)
                 target_ms = per_item_ms * rows + fixed_ms
                 if compute_ms > target_ms and header["model"] not in slow_logged:
                     slow_logged.add(header["model"])
@@ -220,6 +222,13 @@ def serve(
             send({"kind": "result", "id": request_id, "compute_ms": compute_ms, "cpu_s": cpu_s, "tensors": descriptions}, buffers)
         except Exception as error:  # the model's error goes back to the request, the executor lives on
             send({"kind": "error", "id": request_id, "message": f"{type(error).__name__}: {error}"})
+
+
+def batch_rows(feeds: dict[str, Any]) -> int:
+    """A batch's rows: its first input's leading dimension; 1 for a model whose inputs are
+    scalars (rank 0) or that has none."""
+    shape = next(iter(feeds.values())).shape if feeds else ()
+    return shape[0] if shape else 1
 
 
 def load_model(
@@ -277,6 +286,20 @@ def warm_up_models(sessions: dict[str, Any], largest: dict[str, int]) -> dict[st
     return warmed
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when the one that started it ends (Linux's
+    PR_SET_PDEATHSIG). An executor notices a gateway that is gone only at its next read of the
+    connection; one stopped, or still opening its sessions (minutes, with many threads), outlived
+    a killed gateway for good. Elsewhere, a no-op."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="executors.worker")
     parser.add_argument("--connect", required=True, help="unix:PATH or tcp:HOST:PORT of the gateway")
@@ -291,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-batches", action="append", default=[], help="NAME=MAX_BATCH: run NAME at fixed batch sizes")
     parser.add_argument("--cudnn-conv-algo-search", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"], default="EXHAUSTIVE")
     args = parser.parse_args(argv)
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.provider == "cuda":
         load_cuda_libraries()

@@ -36,7 +36,7 @@ import numpy as np
 
 from executors.connection import BatchLate, ExecutorFailed, ModelError
 from executors.container import DockerBackend
-from executors.lifecycle import SupervisedExecutor, cpu_seconds_since
+from executors.lifecycle import ExecutorStartError, SupervisedExecutor, cpu_seconds_since
 from executors.limits import Actuator
 from executors.sockets import socket_folder
 from gateway.batching import batch_key, split_outputs, stack_inputs
@@ -103,6 +103,15 @@ class Result:
             "queue_ms": round(self.queue_ms, 3),
             "compute_ms": round(self.compute_ms, 3),
         }
+
+
+def _servable(name: str, signature: dict[str, Any]) -> ModelSignature:
+    """A model's signature as its executor read it; a model no client could use stops its start."""
+    read = ModelSignature.from_json(signature)
+    problem = read.problem()
+    if problem is not None:
+        raise ExecutorStartError(f"model '{name}' cannot be served: {problem}")
+    return read
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -321,7 +330,7 @@ class Engine:
         now = self.now
         for runtime in self.models.values():
             first = next(e for e in runtime.serving_executors if e.ready)
-            runtime.signature = ModelSignature.from_json(first.signatures[runtime.name])
+            runtime.signature = _servable(runtime.name, first.signatures[runtime.name])
             self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
             for executor in runtime.executors:
                 if self.cluster is None:  # a worker counts its own executors' cores
@@ -547,7 +556,7 @@ class Engine:
         runtime.executors.append(executor)
         try:
             await executor.start()
-            runtime.signature = ModelSignature.from_json(executor.signatures[model.name])
+            runtime.signature = _servable(model.name, executor.signatures[model.name])
             await self._profile_model(runtime)
         except BaseException:
             await executor.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from executors.tensors import KSERVE_TO_NUMPY
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -27,6 +29,20 @@ class ModelSignature:
             return tuple(TensorSpec(i["name"], i["datatype"], tuple(i["shape"])) for i in items)
 
         return cls(specs(data["inputs"]), specs(data["outputs"]))
+
+    def problem(self) -> str | None:
+        """Why a client could not use this model over KServe v2, or None: a request must name at
+        least one input, and every tensor's datatype must be one the protocol carries."""
+        if not self.inputs:
+            return "it has no inputs, and a KServe v2 request must carry at least one"
+        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
+            for spec in specs:
+                if spec.datatype not in KSERVE_TO_NUMPY:
+                    return (
+                        f"{kind} '{spec.name}' is {spec.datatype}, a type the KServe v2 protocol does not carry "
+                        f"(served: {', '.join(KSERVE_TO_NUMPY)})"
+                    )
+        return None
 
     @property
     def batchable(self) -> bool:

@@ -95,9 +95,30 @@ def test_example_config_loads(example_models):
             "cluster.tls_ca",
             "cannot read CA certificates",
         ),
+        # Each of these was accepted, then failed at start or at run time (a traceback, an
+        # executor of 100,000 threads, a model no URL reaches, a pin the admin API refuses).
+        ("[models.'.']\npath = 'mlp.onnx'\nsla_ms = 10\n", "models..", "dots only"),
+        ("[models.'..']\npath = 'mlp.onnx'\nsla_ms = 10\n", "models...", "dots only"),
+        (f"[models.{'m' * 65}]\npath = 'mlp.onnx'\nsla_ms = 10\n", f"models.{'m' * 65}", "at most 64 characters"),
+        ('[models.m]\npath = "ml\\u0000p.onnx"\nsla_ms = 10\n', "models.m.path", "NUL"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { threads = 100000 }\n", "models.m.cpu.threads", "256"),
+        (
+            "[node]\ncpu_cores = 1\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { cores = 1, max_cores = 8 }\n",
+            "models.m.cpu.max_cores",
+            "over the node's 1 cores",
+        ),
+        (
+            "[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nmax_batch_size = 4\ndispatch_batch = 8\n",
+            "models.m.dispatch_batch",
+            "over max_batch_size (4)",
+        ),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):
+    _assert_refused(tmp_models, text, key, words)
+
+
+def _assert_refused(tmp_models, text: str, key: str, words: str) -> None:
     path = _write(tmp_models, text)
     with pytest.raises(ConfigError) as caught:
         load_config(path)
@@ -177,3 +198,36 @@ def test_serve_exits_nonzero_when_a_model_does_not_load(tmp_path):
     )
     assert done.returncode == 1
     assert "executor cpu-broken failed to start" in done.stderr
+
+
+GPU_CONFIG = "[node]\ngpus = [0]\n[gpu]\nexecutor = 'emulated'\nprofile = 'zoo.csv'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n"
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ("model,alpha_ms,beta_ms\nm,1\n", "row 'm': beta_ms is missing"),
+        ("model,alpha_ms,beta_ms\nm,nan,nan\n", "row 'm': alpha_ms is 'nan', not a finite number of at least 0"),
+        ("model,alpha_ms,beta_ms\nm,-1,-50\n", "row 'm': alpha_ms is '-1'"),
+        ("model,alpha_ms,beta_ms,memory_mb,load_ms\nm,1,2,-5,3\n", "row 'm': memory_mb is '-5'"),
+        ("alpha_ms,beta_ms\n1,2\n", "needs the columns model, alpha_ms, beta_ms"),
+        (None, "cannot read"),  # the profile is a folder
+    ],
+)
+def test_an_emulated_gpus_profile_is_checked_row_by_row(tmp_models, rows, words):
+    if rows is None:
+        (tmp_models / "zoo.csv").mkdir()
+    else:
+        (tmp_models / "zoo.csv").write_text(rows)
+    _assert_refused(tmp_models, GPU_CONFIG, "gpu.profile", words)
+
+
+def test_a_pipeline_step_whose_model_is_not_onnx_is_named(tmp_models):
+    (tmp_models / "junk.onnx").write_bytes(b"this is not a protobuf at all \xff\xfe")
+    text = (
+        "[models.m]\npath = 'junk.onnx'\nsla_ms = 10\n"
+        "[pipelines.p]\nsla_ms = 100\ninputs = [{ name = 'x', datatype = 'FP32', shape = [-1, 512] }]\n"
+        "outputs = [{ name = 'y', datatype = 'FP32', shape = [-1, 512], source = 's/y' }]\n"
+        "steps = [{ name = 's', model = 'm', inputs = { x = 'request/x' } }]\n"
+    )
+    _assert_refused(tmp_models, text, "models.m.path", "is not an ONNX model")

@@ -59,3 +59,21 @@ async def test_killed_executor_fails_its_requests_and_comes_back(tmp_path):
         outcomes = gateway.admin("busy")["stats"]["outcomes"]
         assert outcomes["success"] == statuses.count(200) + 1
         assert outcomes["executor_failed"] == len(failed)
+
+
+def test_an_executor_ends_with_its_killed_gateway_even_when_stopped(tmp_models):
+    """A stopped executor reads no connection: only the kernel's parent-death signal ends it
+    once its gateway is SIGKILLed (it stayed stopped for good)."""
+    import psutil
+
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 100, "max_batch_size": 8}})
+    with run_gateway(config) as gateway:
+        executor = psutil.Process(gateway.executor_pid("mlp"))
+        os.kill(executor.pid, signal.SIGSTOP)
+        try:
+            gateway.process.kill()
+            gateway.process.wait()
+            executor.wait(timeout=10)  # psutil.TimeoutExpired if it outlived its gateway
+        finally:
+            if executor.is_running():
+                executor.kill()

@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import ipaddress
 import json
+import math
 import os
 import tomllib
 import typing
@@ -153,7 +154,10 @@ def _check_pipelines(
     outputs = {}
     for name, model in models.items():
         if any(name == step.model for table in pipelines.values() for step in table.steps):
-            outputs[name] = [o.name for o in onnx.load(str(model.path), load_external_data=False).graph.output]
+            try:
+                outputs[name] = [o.name for o in onnx.load(str(model.path), load_external_data=False).graph.output]
+            except Exception as error:  # protobuf's DecodeError and onnx's own: not an ONNX file
+                raise ConfigError(source, f"models.{name}.path", f"{model.path} is not an ONNX model: {error}") from None
         else:
             outputs[name] = []
     for name, table in pipelines.items():
@@ -262,6 +266,10 @@ def _model(
     source: Path, name: str, table: ModelTable, server: ServerConfig, node: NodeConfig, gpu: GpuConfig, default_cores: float
 ) -> ModelConfig:
     key = f"models.{name}"
+    if not name.strip("."):
+        raise ConfigError(source, key, f"'{name}' is no name a URL can carry (a path segment of dots only)")
+    if "\0" in str(table.path):
+        raise ConfigError(source, f"{key}.path", "a path cannot hold a NUL character")
     path = table.path if table.path.is_absolute() else source.resolve().parent / table.path
     assert server.model_dir is not None
     if not path.resolve().is_relative_to(server.model_dir):
@@ -269,6 +277,9 @@ def _model(
     if not path.is_file():
         raise ConfigError(source, f"{key}.path", f"no ONNX file at {path}")
     cpu = _cpu(source, f"{key}.cpu", table.cpu, node, default_cores) if table.cpu_executor else None
+    if table.dispatch_batch > table.max_batch_size:
+        problem = f"{table.dispatch_batch} is over max_batch_size ({table.max_batch_size})"
+        raise ConfigError(source, f"{key}.dispatch_batch", problem)
     if not table.cpu_executor:
         _check_gpu_only(source, key, table, node)
     try:
@@ -316,6 +327,9 @@ def _check_gpu_only(source: Path, key: str, table: ModelTable, node: NodeConfig)
 def _cpu(source: Path, key: str, table: CpuTable, node: NodeConfig, default_cores: float) -> CpuExecutorConfig:
     cores = table.cores if table.cores is not None else default_cores
     max_cores = table.max_cores if table.max_cores is not None else node.cpu_cores
+    if max_cores > node.cpu_cores:
+        problem = f"{max_cores:g} is over the node's {node.cpu_cores:g} cores (node.cpu_cores)"
+        raise ConfigError(source, f"{key}.max_cores", problem)
     if not table.min_cores <= cores <= max_cores:
         raise ConfigError(source, f"{key}.cores", f"must lie in [min_cores, max_cores] = [{table.min_cores}, {max_cores}]")
     threads = table.threads if table.threads is not None else default_threads(cores, max_cores)
@@ -344,25 +358,45 @@ def exposure_error(server: ServerConfig) -> str | None:
 
 def _read_profiles(source: Path, path: Path) -> dict[str, tuple[float, float]]:
     """model -> (per-item ms, fixed ms) from a zoo CSV such as ../shared/data/symphony_zoo_a100.csv."""
-    try:
-        with path.open() as handle:
-            return {row["model"]: (float(row["alpha_ms"]), float(row["beta_ms"])) for row in csv.DictReader(handle)}
-    except FileNotFoundError:
-        raise ConfigError(source, "gpu.profile", f"no such file {path}") from None
-    except (KeyError, ValueError) as error:
-        raise ConfigError(source, "gpu.profile", f"{path} needs the columns model, alpha_ms, beta_ms: {error}") from None
+    rows = _profile_rows(source, path)
+    return {row["model"]: _numbers(source, path, row, ("alpha_ms", "beta_ms")) for row in rows}
 
 
 def _read_footprints(source: Path, path: Path) -> dict[str, tuple[float, float]]:
     """model -> (memory MB, load ms) where the profile has the columns memory_mb and load_ms."""
-    with path.open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _profile_rows(source, path)
     if not rows or not {"memory_mb", "load_ms"} <= rows[0].keys():
         return {}
+    return {row["model"]: _numbers(source, path, row, ("memory_mb", "load_ms")) for row in rows}
+
+
+def _profile_rows(source: Path, path: Path) -> list[dict[str, str]]:
     try:
-        return {row["model"]: (float(row["memory_mb"]), float(row["load_ms"])) for row in rows}
-    except ValueError as error:
-        raise ConfigError(source, "gpu.profile", f"{path}: memory_mb and load_ms must be numbers: {error}") from None
+        with path.open() as handle:
+            rows = list(csv.DictReader(handle))
+    except FileNotFoundError:
+        raise ConfigError(source, "gpu.profile", f"no such file {path}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ConfigError(source, "gpu.profile", f"cannot read {path}: {error}") from None
+    if not rows or "model" not in rows[0]:
+        raise ConfigError(source, "gpu.profile", f"{path} needs the columns model, alpha_ms, beta_ms")
+    return rows
+
+
+def _numbers(source: Path, path: Path, row: dict[str, str], columns: tuple[str, str]) -> tuple[float, float]:
+    """A row's two columns as milliseconds or megabytes: finite numbers of at least 0."""
+    values = []
+    for column in columns:
+        text = row.get(column)
+        try:
+            value = float(text) if isinstance(text, str) else math.nan
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            problem = "is missing" if text is None else f"is {text!r}, not a finite number of at least 0"
+            raise ConfigError(source, "gpu.profile", f"{path}: row {row.get('model')!r}: {column} {problem}")
+        values.append(value)
+    return values[0], values[1]
 
 
 # -- pydantic's findings as FILE: KEY: problem ------------------------------------------------

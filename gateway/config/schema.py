@@ -46,6 +46,9 @@ DEFAULT_MAX_QUEUE_SIZE = 1024
 DEFAULT_MAX_BATCH_SIZE = 32
 # ROMA's own controller clamps at 0.1 core: less leaves a model unable to answer at all.
 DEFAULT_MIN_CORES = 0.1
+# ONNX Runtime's intra-op threads of one executor: more than any node has cores is a typo (one
+# of 100,000 took 16 GB before its first request).
+MAX_THREADS = 256
 # A batch that takes 10 SLAs (at least 2 s) is not slow, it is stuck.
 HANG_TIMEOUT_SLAS = 10
 MIN_HANG_TIMEOUT_MS = 2000.0
@@ -58,7 +61,10 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 Share = Annotated[float, Field(ge=0, le=1)]
 MODEL_NAME_PATTERN = r"^[\w.-]+$"
-ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+# A name is a URL path segment and part of its executor's socket path (108 bytes at most, with
+# the socket folder's), so it is kept short; one of dots only ("." or "..") is refused too.
+MAX_MODEL_NAME = 64
+ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN, max_length=MAX_MODEL_NAME)]
 
 
 def _distinct(ids: tuple[int, ...]) -> tuple[int, ...]:
@@ -349,7 +355,7 @@ class CpuTable:
 
     cores: PositiveFloat | None = None
     """At start, and for ever under the fixed policy (default: node.cpu_cores shared evenly)."""
-    threads: PositiveInt | None = None
+    threads: Annotated[int, Field(gt=0, le=MAX_THREADS)] | None = None
     """Intra-op threads (default: enough for max(cores, max_cores))."""
     min_cores: PositiveFloat = DEFAULT_MIN_CORES
     max_cores: PositiveFloat | None = None
