@@ -11,12 +11,13 @@ import time
 import aiohttp
 from aiohttp import web
 
-from gateway.tools.bench import arrival_times, open_loop, parse_steps
+from gateway.tools.arguments import rate_steps
+from gateway.tools.bench import arrival_times, open_loop
 from tests.helpers import ROOT, run_gateway, write_config
 
 
 def test_poisson_step_schedule():
-    times = arrival_times(parse_steps("100:2,0:1,300:1"), random.Random(4))
+    times = arrival_times(rate_steps("100:2,0:1,300:1"), random.Random(4))
     first = [t for t in times if t < 2]
     assert 150 < len(first) < 250  # 200 expected
     assert not [t for t in times if 2 <= t < 3]  # a rate of zero sends nothing

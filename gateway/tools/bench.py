@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from executors.tensors import KSERVE_TO_NUMPY
+from gateway.tools.arguments import output_file, positive_float, positive_int, rate_steps, tensor_shape
 
 # Open-loop runs stop adding requests past this many outstanding, so a dead server cannot
 # make the generator eat all memory; such requests are counted as "dropped by client".
@@ -47,23 +48,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="gateway base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True)
     load = parser.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rate", type=float, help="open loop: Poisson arrivals at this many requests/s")
-    load.add_argument("--steps", help="open loop: RATE:SECONDS,RATE:SECONDS,... a step schedule of rates")
-    load.add_argument("--concurrency", type=int, help="closed loop: this many clients")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds (with --rate or --concurrency)")
-    parser.add_argument("--shape", action="append", default=[], help="NAME=D1,D2,... for inputs with free dimensions (else 1)")
-    parser.add_argument("--timeout-ms", type=float, help="each request's own timeout (the protocol's timeout parameter)")
+    load.add_argument("--rate", type=positive_float, help="open loop: Poisson arrivals at this many requests/s")
+    load.add_argument("--steps", type=rate_steps, help="open loop: RATE:SECONDS,RATE:SECONDS,... a step schedule of rates")
+    load.add_argument("--concurrency", type=positive_int, help="closed loop: this many clients")
+    parser.add_argument("--duration", type=positive_float, default=10.0, help="seconds (with --rate or --concurrency)")
+    parser.add_argument(
+        "--shape", type=tensor_shape, action="append", default=[], help="NAME=D1,D2,... for inputs with free dimensions (else 1)"
+    )
+    parser.add_argument("--timeout-ms", type=positive_float, help="each request's own timeout (the protocol's timeout parameter)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", help="write the results as JSON here, and a report beside it (the same name, .png)")
+    parser.add_argument(
+        "--output", type=output_file, help="write the results as JSON here, and a report beside it (the same name, .png)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def parse_steps(text: str) -> list[tuple[float, float]]:
-    steps = []
-    for part in text.split(","):
-        rate, _, seconds = part.partition(":")
-        steps.append((float(rate), float(seconds)))
-    return steps
 
 
 def arrival_times(steps: list[tuple[float, float]], rng: random.Random) -> list[float]:
@@ -186,15 +183,18 @@ def summarize(outcome: Outcome, elapsed_s: float) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     base = args.url.rstrip("/")
-    shapes = {k: [int(d) for d in v.split(",")] for k, _, v in (s.partition("=") for s in args.shape)}
+    shapes = dict(args.shape)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
-        async with session.get(f"{base}/v2/models/{args.model}") as response:
-            if response.status != 200:
-                raise SystemExit(
-                    f"gateway bench: GET /v2/models/{args.model} answered {response.status}: {await response.text()}"
-                )
-            metadata = await response.json()
+        try:
+            async with session.get(f"{base}/v2/models/{args.model}") as response:
+                if response.status != 200:
+                    raise SystemExit(
+                        f"gateway bench: GET /v2/models/{args.model} answered {response.status}: {await response.text()}"
+                    )
+                metadata = await response.json()
+        except aiohttp.ClientError as error:
+            raise SystemExit(f"gateway bench: cannot reach {base}: {error}") from None
         body = request_body(metadata, shapes, np.random.default_rng(args.seed), args.timeout_ms)
         url = f"{base}/v2/models/{args.model}/infer"
         started = time.perf_counter()
@@ -202,7 +202,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             bar = None if args.quiet else tqdm(desc="requests", unit="req", file=sys.stderr)
             outcome = await _closed_loop(session, url, body, args.concurrency, args.duration, bar)
         else:
-            steps = parse_steps(args.steps) if args.steps else [(args.rate, args.duration)]
+            steps = args.steps or [(args.rate, args.duration)]
             times = arrival_times(steps, random.Random(args.seed))
             bar = None if args.quiet else tqdm(total=len(times), desc="requests", unit="req", file=sys.stderr)
             outcome = await open_loop(session, url, body, times, bar)
@@ -215,7 +215,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.output:
         from gateway.tools.bench_report import write_report
 
-        load = f"{args.concurrency} clients" if args.concurrency else (args.steps or f"{args.rate:g} req/s")
+        schedule = ",".join(f"{rate:g}:{seconds:g}" for rate, seconds in args.steps or ())
+        load = f"{args.concurrency} clients" if args.concurrency else (schedule or f"{args.rate:g} req/s")
         latency = result["latency_ms"]
         write_report(
             Path(args.output).with_suffix(".png"),

@@ -46,6 +46,7 @@ import numpy as np
 
 from gateway.config import GatewayConfig
 from gateway.pipeline.graph import PipelineGraph
+from gateway.tools.arguments import existing_file, positive_float
 
 POLICIES = ("ours", "fa2", "harpagon", "even")
 DEFAULT_CORES = (0.5, 1.0, 2.0)
@@ -72,11 +73,13 @@ class Measured:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config")
-    parser.add_argument("--rate", type=float, required=True, help="the pipeline's requests per second")
+    parser.add_argument("--rate", type=positive_float, required=True, help="the pipeline's requests per second")
     parser.add_argument("--pipeline", help="which [pipelines.NAME] (default: the only one)")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
-        "--sample", help="an input of the pipeline to measure its steps on: an image file, or a .npz of its inputs"
+        "--sample",
+        type=existing_file,
+        help="an input of the pipeline to measure its steps on: an image file, or a .npz of its inputs",
     )
     where.add_argument("--profiles", help="or: a running gateway that has served the pipeline, http://HOST:PORT")
     parser.add_argument("--token", help="its admin token")
@@ -389,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     graph = PipelineGraph.build(name, config.pipelines[name], outputs)
     models = sorted({s.model for s in graph.table.steps if s.model is not None})
     if args.sample is not None:
-        measured = measure_steps(config, graph, sample_inputs(args.sample, graph))
+        measured = measure_steps(config, graph, sample_inputs(str(args.sample), graph))
     else:
         measured = Measured(fetch_profiles(args.profiles, models, args.token), {})
     cores = tuple(float(c) for c in args.cores.split(","))

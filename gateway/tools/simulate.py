@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.tools.arguments import existing_file, output_file, positive_float, positive_int
 from schedulers.dispatch import CPU, EPSILON_S, GPU, SPILL_WITHIN, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import BASELINES, DEFAULT_POLICY, POLICIES, GpuScheduler
 from schedulers.profiles import LatencyProfile
@@ -95,12 +96,29 @@ class ZooModel:
         return self.per_item_ms * rows + self.fixed_ms
 
 
+ZOO_COLUMNS = ("alpha_ms", "beta_ms", "slo_ms")
+
+
 def load_zoo(path: Path) -> list[ZooModel]:
+    """A zoo CSV's models; a missing column or a value that is no finite number of at least 0
+    (an SLO over 0) is a SystemExit naming the row."""
     with path.open() as handle:
-        return [
-            ZooModel(row["model"], float(row["alpha_ms"]), float(row["beta_ms"]), float(row["slo_ms"]))
-            for row in csv.DictReader(handle)
-        ]
+        rows = list(csv.DictReader(handle))
+    zoo = []
+    for row in rows:
+        try:
+            alpha, beta, slo = (float(row[column]) for column in ZOO_COLUMNS)
+            if not all(math.isfinite(v) and v >= 0 for v in (alpha, beta, slo)) or slo <= 0:
+                raise ValueError
+            zoo.append(ZooModel(row["model"], alpha, beta, slo))
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(
+                f"gateway simulate: {path}: row {row.get('model')!r} needs model and {', '.join(ZOO_COLUMNS)}: "
+                "finite numbers of at least 0, an SLO over 0"
+            ) from None
+    if not zoo:
+        raise SystemExit(f"gateway simulate: {path} has no models")
+    return zoo
 
 
 def gamma_arrivals(rate: float, shape: float | None, duration_s: float, rng: random.Random) -> list[float]:
@@ -405,9 +423,18 @@ def simulate_config(
 
     A model without a CPU executor (``cpu_executor = false``) gets none here either: the GPUs
     alone serve it, whatever the CPU profiles."""
-    from gateway.config import load_config
+    from gateway.config import ConfigError, load_config
 
-    config = load_config(config_path)
+    try:
+        config = load_config(config_path)
+    except ConfigError as error:
+        raise SystemExit(f"gateway simulate: config error: {error}") from None
+    unknown = sorted({model for _, model in arrivals} - set(config.models))
+    if unknown:
+        raise SystemExit(
+            f"gateway simulate: the arrivals name {', '.join(map(repr, unknown))}, not a model of {config_path} "
+            f"(its models: {', '.join(config.models)})"
+        )
     gpu_only = sorted(name for name in cpu_profiles if name in config.models and config.models[name].cpu is None)
     if gpu_only:
         raise SystemExit(f"gateway simulate: --cpu-profile {', '.join(gpu_only)}: no CPU executor (cpu_executor = false)")
@@ -459,34 +486,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(p - o) / p, and the autoscaling signals. --config F --arrivals A: a serving config's models and devices."
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--zoo", type=Path, help="CSV with model, alpha_ms, beta_ms, slo_ms")
-    source.add_argument("--config", type=Path, help="a serving config (its GPUs emulated)")
-    parser.add_argument("--arrivals", type=Path, help="with --config: JSON [[seconds, model], ...]")
+    source.add_argument("--zoo", type=existing_file, help="CSV with model, alpha_ms, beta_ms, slo_ms")
+    source.add_argument("--config", type=existing_file, help="a serving config (its GPUs emulated)")
+    parser.add_argument("--arrivals", type=existing_file, help="with --config: JSON [[seconds, model], ...]")
     parser.add_argument(
         "--cpu-profile", action="append", default=[], metavar="MODEL=PER_ITEM_MS,FIXED_MS", help="with --config, repeatable"
     )
-    parser.add_argument("--gpus", type=int, help=f"emulated GPUs (default {GOODPUT_GPUS} with --goodput, else {RATE_GPUS})")
-    parser.add_argument("--rate", type=float, help="with --zoo: offered load, requests/s over all models")
-    parser.add_argument("--shape", type=float, default=None, help="Gamma shape of the arrival gaps (default: Poisson)")
+    parser.add_argument(
+        "--gpus", type=positive_int, help=f"emulated GPUs (default {GOODPUT_GPUS} with --goodput, else {RATE_GPUS})"
+    )
+    parser.add_argument("--rate", type=positive_float, help="with --zoo: offered load, requests/s over all models")
+    parser.add_argument("--shape", type=positive_float, default=None, help="Gamma shape of the arrival gaps (default: Poisson)")
     parser.add_argument(
         "--policies",
         help=f"comma-separated GPU policies of {', '.join(POLICIES)} (default: all; with --goodput the default "
         f"{DEFAULT_POLICY} and the baselines {', '.join(BASELINES)})",
     )
-    parser.add_argument("--duration", type=float, default=10.0, help="virtual seconds per run")
+    parser.add_argument("--duration", type=positive_float, default=10.0, help="virtual seconds per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--dispatch-delay-ms", type=float, default=0.0, metavar="MEAN",
         help="mean of the exponential delay from the core's Start to the GPU executor; a batch received after its "
         "latest start is refused (Clockwork's late action) and its requests go back to the queue (default 0)",
     )  # fmt: skip
-    parser.add_argument("--output", help="write the results as JSON here")
+    parser.add_argument("--output", type=output_file, help="write the results as JSON here")
     goodput = parser.add_argument_group("goodput (with --zoo)")
     goodput.add_argument("--goodput", action="store_true", help="measure Symphony's goodput (see above) instead of one rate")
     goodput.add_argument("--shapes", default=GOODPUT_SHAPES, help="Gamma shapes, comma-separated; 'poisson' for none")
-    goodput.add_argument("--seeds", type=int, default=3, help="seeds per point: a bisection each (default 3)")
-    goodput.add_argument("--tolerance", type=float, default=0.01, help="bisection width, a share of the upper bound")
-    goodput.add_argument("--jobs", type=int, default=2, help="processes running the independent runs (default 2)")
+    goodput.add_argument("--seeds", type=positive_int, default=3, help="seeds per point: a bisection each (default 3)")
+    goodput.add_argument("--tolerance", type=positive_float, default=0.01, help="bisection width, a share of the upper bound")
+    goodput.add_argument("--jobs", type=positive_int, default=2, help="processes running the independent runs (default 2)")
 
 
 def _cpu_profiles(specs: list[str]) -> dict[str, tuple[float, float]]:
@@ -506,7 +535,10 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         if args.arrivals is None:
             raise SystemExit("gateway simulate: --config needs --arrivals")
-        arrivals = [(float(t), str(model)) for t, model in json.loads(args.arrivals.read_text())]
+        try:
+            arrivals = [(float(t), str(model)) for t, model in json.loads(args.arrivals.read_text())]
+        except (ValueError, TypeError) as error:
+            raise SystemExit(f"gateway simulate: {args.arrivals} is not JSON [[seconds, model], ...]: {error}") from None
         result = simulate_config(args.config, arrivals, _cpu_profiles(args.cpu_profile), args.seed)
         results.append(result)
         for name, model in result["models"].items():

@@ -1,0 +1,73 @@
+"""Argument types of the sub-commands: a wrong value is argparse's one-line error (exit 2)
+naming the option, before any work, rather than a traceback or a run that sends nothing."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+
+def positive_float(text: str) -> float:
+    """A finite number over 0 (a rate, a duration, a Gamma shape)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number over 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number from 1 (GPUs, clients, seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def existing_file(text: str) -> Path:
+    """A file to read, there now."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no file at {path}")
+    return path
+
+
+def output_file(text: str) -> str:
+    """A file to write: its folder must be there already (found out before a run, not after)."""
+    folder = Path(text).parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"no folder {folder} to write {text} in")
+    return text
+
+
+def rate_steps(text: str) -> list[tuple[float, float]]:
+    """RATE:SECONDS,RATE:SECONDS,...: a schedule of rates (a rate may be 0, a pause)."""
+    steps = []
+    for part in text.split(","):
+        rate, colon, seconds = part.partition(":")
+        try:
+            step = (float(rate), float(seconds))
+        except ValueError:
+            step = (math.nan, math.nan)
+        if not colon or not all(math.isfinite(v) for v in step) or step[0] < 0 or step[1] <= 0:
+            raise argparse.ArgumentTypeError(f"{part!r} is not RATE:SECONDS (a rate of at least 0, seconds over 0)")
+        steps.append(step)
+    return steps
+
+
+def tensor_shape(text: str) -> tuple[str, list[int]]:
+    """NAME=D1,D2,...: an input's shape."""
+    name, equals, dims = text.partition("=")
+    try:
+        shape = [int(d) for d in dims.split(",")]
+    except ValueError:
+        shape = []
+    if not equals or not name or not shape or any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=D1,D2,... (whole numbers of at least 0)")
+    return name, shape

@@ -1,0 +1,58 @@
+"""The sub-commands beside serve refuse a wrong argument or input file with one line naming it,
+before any work: each of these was a traceback, a hang (--rate inf) or a run that sent nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.cli import main
+from tests.helpers import EXAMPLES
+
+ZOO = "{zoo}"  # a zoo CSV written by the test
+
+
+def _refused(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    said = str(stopped.value.code) if isinstance(stopped.value.code, str) else capsys.readouterr().err
+    assert stopped.value.code != 0 and "Traceback" not in said
+    return said
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["simulate", "--zoo", "/nonexistent.csv", "--rate", "10"], "argument --zoo: no file at /nonexistent.csv"),
+        (["simulate", "--zoo", ZOO, "--rate", "100", "--shape", "0"], "argument --shape: '0' must be a finite number over 0"),
+        (["simulate", "--zoo", ZOO, "--rate", "-5"], "argument --rate: '-5' must be a finite number over 0"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--gpus", "-2"], "argument --gpus: '-2' must be at least 1"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--output", "/no/such/folder/out.json"], "no folder /no/such/folder"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--sample", "/nonexistent.png"], "argument --sample: no file at"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "inf"], "argument --rate: 'inf' must be a finite number"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--steps", "bad"], "argument --steps: 'bad' is not RATE:SECONDS"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--concurrency", "0"], "argument --concurrency: '0' must be at least 1"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--shape", "x"], "argument --shape: 'x' is not NAME=D1"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--duration", "0"], "argument --duration: '0' must be"),
+    ],
+)
+def test_a_wrong_argument_is_one_line_naming_it(argv, words, capsys, tmp_path):
+    zoo = tmp_path / "zoo.csv"
+    zoo.write_text("model,alpha_ms,beta_ms,slo_ms\nm,1,2,50\n")
+    assert words in _refused([word.format(zoo=zoo) for word in argv], capsys)
+
+
+def test_wrong_inputs_are_named(tmp_path, tmp_models, capsys):
+    short = tmp_path / "zoo.csv"
+    short.write_text("model,alpha_ms,beta_ms\nm,1,2\n")
+    said = _refused(["simulate", "--zoo", str(short), "--rate", "10"], capsys)
+    assert "row 'm' needs model and alpha_ms, beta_ms, slo_ms" in said
+    (tmp_models / "bad.toml").write_text("[models.m]\npath = 'mlp.onnx'\nsla_ms = '50'\n")
+    (tmp_path / "arrivals.json").write_text('[[0.1, "nope"]]')
+    said = _refused(["simulate", "--config", str(tmp_models / "bad.toml"), "--arrivals", str(tmp_path / "arrivals.json")], capsys)
+    assert "config error" in said and "models.m.sla_ms: must be a number" in said
+    (tmp_models / "good.toml").write_text("[models.m]\npath = 'mlp.onnx'\nsla_ms = 50\n")
+    arrivals = str(tmp_path / "arrivals.json")
+    said = _refused(["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", arrivals], capsys)
+    assert "the arrivals name 'nope', not a model of" in said
+    said = _refused(["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--duration", "1", "--quiet"], capsys)
+    assert "gateway bench: cannot reach http://127.0.0.1:9" in said
