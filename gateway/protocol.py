@@ -34,6 +34,10 @@ _ACCEPTED_TYPES: dict[str, frozenset[type]] = {"BOOL": frozenset({bool}), "BYTES
 _ACCEPTED_TYPES.update({name: frozenset({int}) for name in KSERVE_TO_NUMPY if name.startswith(("INT", "UINT"))})
 _ACCEPTED_TYPES.update({name: frozenset({int, float}) for name in ("FP16", "FP32", "FP64")})
 _TYPE_TEXT = {bool: "booleans", int: "integers", float: "numbers", str: "strings", dict: "objects", type(None): "nulls"}
+# The numpy kinds (dtype.kind of np.asarray of the whole list) that each datatype takes as it is.
+_ACCEPTED_KINDS = {"BOOL": "b", "BYTES": "U"}
+_ACCEPTED_KINDS.update({name: "iu" for name in KSERVE_TO_NUMPY if name.startswith(("INT", "UINT"))})
+_ACCEPTED_KINDS.update({name: "iuf" for name in ("FP16", "FP32", "FP64")})
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,12 @@ def parse_infer_request(
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest("'id' must be a string")
 
-    inputs = {name: plan.decode() for name, plan in planned.items()}
+    # A JSON boolean is the literal true or false: where the text has neither, no tensor holds one.
+    # A text over LARGE_BYTES is not searched (no step may be long): its long arrays, set aside as
+    # numbers only, hold none anyway, and its short ones are read value by value.
+    end = len(body) - (len(blobs) if blobs is not None else 0)
+    booleans = end > LARGE_BYTES or body.find(b"true", 0, end) != -1 or body.find(b"false", 0, end) != -1
+    inputs = {name: plan.decode(booleans) for name, plan in planned.items()}
     return InferRequest(
         id=request_id, inputs=inputs, outputs=outputs, rows=rows, parameters=parameters, timeout_us=timeout_us, priority=priority
     )
@@ -184,9 +193,9 @@ class _PlannedInput:
     binary: memoryview | None  # its bytes of the binary tensor extension, or
     data: Any  # its JSON data: a list, a scalar or a _NumbersText
 
-    def decode(self) -> np.ndarray:
+    def decode(self, booleans: bool) -> np.ndarray:
         if self.binary is None:
-            return _decode_json_data(self.name, self.data, self.datatype, self.shape)
+            return _decode_json_data(self.name, self.data, self.datatype, self.shape, booleans)
         try:
             return tensor_from_bytes(self.binary, self.datatype, self.shape)
         except TensorDecodeError as error:
@@ -224,13 +233,14 @@ def _plan_input(
     return _PlannedInput(name, datatype, shape, None, item["data"]), offset
 
 
-def _decode_json_data(name: str, data: Any, datatype: str, shape: list[int]) -> np.ndarray:
+def _decode_json_data(name: str, data: Any, datatype: str, shape: list[int], booleans: bool) -> np.ndarray:
+    """``booleans``: the request's JSON text has a literal true or false (see _typed_array)."""
     count = element_count(shape)
     array = data.numbers(name, shape, datatype) if isinstance(data, _NumbersText) else None
     if array is None:
         if isinstance(data, _NumbersText):
             data = data.parse(name, count)
-        array = _typed_array(name, _flat(name, data if isinstance(data, list) else [data]), datatype)
+        array = _typed_array(name, data if isinstance(data, list) else [data], datatype, exact=booleans)
     if array.size != count:
         raise InvalidRequest(f"input '{name}': shape {shape} needs {count} elements, 'data' has {array.size}")
     array = array.reshape(shape)
@@ -251,25 +261,54 @@ def _flat(name: str, data: list[Any]) -> list[Any]:
     return data
 
 
-def _typed_array(name: str, values: list[Any], datatype: str) -> np.ndarray:
-    """``values`` (flat JSON scalars) as a 1-D array of ``datatype``, each checked for its type:
-    not numpy's guess for the whole list, which reads ["a", 1] as strings, [1, true] as integers,
-    and a UINT64 above 2**63 beside a small one as floats."""
-    wrong = set(map(type, values)) - _ACCEPTED_TYPES[datatype]
-    if wrong:
-        if list in wrong:
-            raise InvalidRequest(f"input '{name}': 'data' is a ragged nested list")
-        held = " and ".join(sorted(_TYPE_TEXT.get(kind, "values") for kind in wrong))
-        raise InvalidRequest(f"input '{name}': 'data' holds {held}, which is not {datatype}")
+def _typed_array(name: str, values: list[Any], datatype: str, exact: bool = True) -> np.ndarray:
+    """``values`` (JSON scalars, in lists nested any number of levels deep) as an array of
+    ``datatype`` (of numpy's shape for the nesting; the caller reshapes it), each value of the
+    datatype's JSON type, as Triton reads them.
+
+    numpy's reading of the whole list is checked by its kind, which is exact but for booleans:
+    it reads [1, true] as integers and [1.5, true] as numbers. So where the JSON may hold a
+    boolean (``exact``: its text has a literal true or false), and wherever numpy's kind is not
+    the datatype's (a string among numbers; a UINT64 over 2**63 beside small values, which numpy
+    reads as floats), each value's type is checked instead."""
     if datatype == "BYTES":
+        values = _flat(name, values)
+        try:
+            encoded = [text.encode("utf-8") for text in values]
+        except AttributeError:
+            raise _wrong_types(name, values, datatype) from None
         array = np.empty(len(values), dtype=np.object_)
-        array[:] = [text.encode("utf-8") for text in values]  # a numpy string array would drop trailing NULs
+        array[:] = encoded  # a numpy string array would drop trailing NULs
         return array
+    dtype = KSERVE_TO_NUMPY[datatype]
+    if not exact:
+        try:
+            raw = np.asarray(values)
+        except ValueError:  # a ragged list: named below
+            raw = None
+        if raw is not None and raw.dtype.kind in _ACCEPTED_KINDS[datatype]:
+            if dtype.kind in "iu" and raw.size:
+                info = np.iinfo(dtype)
+                if raw.min() < info.min or raw.max() > info.max:
+                    raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}")
+            with np.errstate(over="ignore"):  # a float too large for the datatype is refused by the caller
+                return raw.astype(dtype, copy=False)
+    values = _flat(name, values)
+    if set(map(type, values)) - _ACCEPTED_TYPES[datatype]:
+        raise _wrong_types(name, values, datatype)
     try:
-        with np.errstate(over="ignore"):  # a float too large for the datatype is refused by the caller
-            return np.asarray(values, dtype=KSERVE_TO_NUMPY[datatype])
+        with np.errstate(over="ignore"):
+            return np.asarray(values, dtype=dtype)
     except OverflowError:
         raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}") from None
+
+
+def _wrong_types(name: str, values: list[Any], datatype: str) -> InvalidRequest:
+    wrong = set(map(type, values)) - _ACCEPTED_TYPES[datatype]
+    if list in wrong:
+        return InvalidRequest(f"input '{name}': 'data' is a ragged nested list")
+    held = " and ".join(sorted(_TYPE_TEXT.get(kind, "values") for kind in wrong))
+    return InvalidRequest(f"input '{name}': 'data' holds {held}, which is not {datatype}")
 
 
 def _batch_rows(shapes: dict[str, list[int]], signature: ModelSignature, max_batch_size: int) -> int:
@@ -484,7 +523,7 @@ class _NumbersText:
                     raise orjson.JSONDecodeError("a comma without a number", "", 0)
             except orjson.JSONDecodeError:
                 raise InvalidRequest(f"the request is not valid JSON: input '{name}' has a malformed number in 'data'") from None
-            parts.append(_typed_array(name, values, datatype))
+            parts.append(_typed_array(name, values, datatype, exact=False))  # numbers only: no boolean
             if cut == inner_end:
                 return np.concatenate(parts) if len(parts) > 1 else parts[0]
             position = cut + 1
