@@ -341,32 +341,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             parameters={k: _parameter(v) for k, v in parameters.items()},
         )
 
-    # -- what is not served: UNIMPLEMENTED with the reason, not grpc's "Method not implemented!"
-    # and a traceback in the log for each call ----------------------------------------------------
-    async def CudaSharedMemoryStatus(self, request, context):  # noqa: N802
-        await _not_served(context, "CUDA shared memory")
-
-    async def CudaSharedMemoryRegister(self, request, context):  # noqa: N802
-        await _not_served(context, "CUDA shared memory")
-
-    async def CudaSharedMemoryUnregister(self, request, context):  # noqa: N802
-        await _not_served(context, "CUDA shared memory")
-
-    async def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
-        await _not_served(context, "system shared memory")
-
-    async def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
-        await _not_served(context, "system shared memory")
-
-    async def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
-        await _not_served(context, "system shared memory")
-
-    async def TraceSetting(self, request, context):  # noqa: N802
-        await _not_served(context, "Triton's trace settings", "traces go to OpenTelemetry ([tracing] in the config)")
-
-    async def LogSettings(self, request, context):  # noqa: N802
-        await _not_served(context, "Triton's log settings", "logs are set by gateway serve's --log-format and --access-log")
-
     async def _runtime(self, name: str, version: str, context) -> Any:
         engine = self.engine
         runtime = engine.served(name, version or None)
@@ -375,8 +349,30 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return runtime
 
 
-async def _not_served(context: grpc.aio.ServicerContext, what: str, instead: str = "tensors travel in the request") -> None:
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not served by this gateway: {instead}")
+# What is not served: UNIMPLEMENTED with the reason, where the servicer's default answered
+# "Method not implemented!" and left a traceback in the log for each call.
+IN_THE_REQUEST = "tensors travel in the request"
+NOT_SERVED = {
+    "CudaSharedMemoryStatus": ("CUDA shared memory", IN_THE_REQUEST),
+    "CudaSharedMemoryRegister": ("CUDA shared memory", IN_THE_REQUEST),
+    "CudaSharedMemoryUnregister": ("CUDA shared memory", IN_THE_REQUEST),
+    "SystemSharedMemoryStatus": ("system shared memory", IN_THE_REQUEST),
+    "SystemSharedMemoryRegister": ("system shared memory", IN_THE_REQUEST),
+    "SystemSharedMemoryUnregister": ("system shared memory", IN_THE_REQUEST),
+    "TraceSetting": ("Triton's trace settings", "traces go to OpenTelemetry ([tracing] in the config)"),
+    "LogSettings": ("Triton's log settings", "logs are set by gateway serve's --log-format and --access-log"),
+}
+
+
+def _not_served(what: str, instead: str) -> Any:
+    async def refuse(self: InferenceService, request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not served by this gateway: {instead}")
+
+    return refuse
+
+
+for _method, (_what, _instead) in NOT_SERVED.items():
+    setattr(InferenceService, _method, _not_served(_what, _instead))
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):

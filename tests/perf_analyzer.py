@@ -65,3 +65,16 @@ def perf_analyzer() -> tuple[Path, dict[str, str]]:
     _extract(_wheel(CUDA_RUNTIME), "/lib/libcudart.so.12")
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(FOLDER), os.environ.get("LD_LIBRARY_PATH")])))
     return binary, env
+
+
+def perf_analyzer_for_test() -> tuple[Path, dict[str, str]]:
+    """``perf_analyzer()`` in a test: where it cannot run, the test is skipped, or fails where
+    it must run (CI, or GATEWAY_REQUIRE_PERF_ANALYZER=1)."""
+    import pytest
+
+    try:
+        return perf_analyzer()
+    except PerfAnalyzerUnavailable as missing:
+        if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true":
+            pytest.fail(f"perf_analyzer is required here: {missing}")
+        pytest.skip(f"perf_analyzer cannot run here: {missing}")

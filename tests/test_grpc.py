@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import EXAMPLES, free_port, run_gateway, write_config
-from tests.perf_analyzer import REQUIRE_ENV, PerfAnalyzerUnavailable, perf_analyzer
+from tests.perf_analyzer import perf_analyzer_for_test
 
 # Free dimensions: a batch of 2, and 32 for the others (PP-OCR's detector needs multiples of 32).
 SHAPES = {"mlp": [2, 512], "cnn_small": [2, 3, 32, 32], "cnn_large": [2, 3, 64, 64], "ppocr_det": [1, 3, 64, 96]}
@@ -243,12 +243,7 @@ def test_a_stream_of_requests_is_answered_each_once(grpc_gateway):
 
 def test_perf_analyzer_streams_over_grpc(grpc_gateway):
     """perf_analyzer -i grpc --streaming: its requests are all answered, none refused."""
-    try:
-        binary, env = perf_analyzer()
-    except PerfAnalyzerUnavailable as missing:
-        if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true":
-            pytest.fail(f"perf_analyzer is required here: {missing}")
-        pytest.skip(f"perf_analyzer cannot run here: {missing}")
+    binary, env = perf_analyzer_for_test()
     before = grpc_gateway.admin("mlp")["stats"]["outcomes"]
     done = subprocess.run(
         [str(binary), "-m", "mlp", "-u", grpc_gateway.grpc_url, "-i", "grpc", "--streaming", "--concurrency-range", "4"]

@@ -5,12 +5,10 @@ perf_analyzer printing its server-side breakdown."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import re
 import subprocess
 
 import numpy as np
-import pytest
 import requests
 import tritonclient.http as triton
 from google.protobuf import json_format
@@ -19,7 +17,7 @@ from tritonclient.grpc import service_pb2
 
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from tests.helpers import run_gateway, write_config
-from tests.perf_analyzer import REQUIRE_ENV, PerfAnalyzerUnavailable, perf_analyzer
+from tests.perf_analyzer import perf_analyzer_for_test
 
 # -- the accounting, pure -------------------------------------------------------------------------
 
@@ -145,12 +143,7 @@ def test_stats_and_metrics_count_what_was_served_and_refused(tmp_models):
 
 
 def test_perf_analyzer_prints_the_servers_queue_and_compute_times(tmp_models):
-    try:
-        binary, env = perf_analyzer()
-    except PerfAnalyzerUnavailable as missing:
-        if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true":
-            pytest.fail(f"perf_analyzer is required here: {missing}")
-        pytest.skip(f"perf_analyzer cannot run here: {missing}")
+    binary, env = perf_analyzer_for_test()
     config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 200, "max_batch_size": 16}})
     with run_gateway(config) as gateway:
         done = subprocess.run(
