@@ -294,6 +294,7 @@ class Engine:
         self._idle = asyncio.Event()
         self._idle.set()
         self._pipelines_running = 0
+        self._changes_running = 0  # loads and unloads of the model repository
         # Per-second series for the live page (/ui), filled from the events below.
         self.live = LiveSeries()
 
@@ -483,7 +484,15 @@ class Engine:
         unload whose handler was cancelled half-way left its model neither served nor removable."""
         task = asyncio.ensure_future(self._one_change_at_a_time(change))
         task.add_done_callback(_retrieve)  # where its client left, no one else awaits it
+        # Drained as a request is: SIGTERM waits for a load in progress, as for an inference.
+        self._changes_running += 1
+        self._idle.clear()
+        task.add_done_callback(self._change_ended)
         return await asyncio.shield(task)
+
+    def _change_ended(self, task: asyncio.Task[Any]) -> None:
+        self._changes_running -= 1
+        self._settle_idle()
 
     async def _one_change_at_a_time(self, change: Coroutine[Any, Any, T]) -> T:
         async with self._repository_lock:
@@ -668,16 +677,15 @@ class Engine:
                 raise RequestFailed(str(error), error.status, error.outcome) from None
             finally:
                 self._pipelines_running -= 1
-                if not self._futures and not self._pipelines_running:
-                    self._idle.set()
+                self._settle_idle()
             return result, runtime.datatypes_of(result.outputs)
         return await self.submit(runtime, request, arrival), runtime.datatypes
 
     @property
     def active(self) -> int:
-        """Requests handed to the core, and pipelines' requests, that have not ended yet (a
-        pipeline's step in the core counts beside its pipeline)."""
-        return len(self._futures) + self._pipelines_running
+        """Requests handed to the core, pipelines' requests and repository changes that have not
+        ended yet (a pipeline's step in the core counts beside its pipeline)."""
+        return len(self._futures) + self._pipelines_running + self._changes_running
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every accepted request has ended, at most ``timeout_s``; whether they all did."""
@@ -909,7 +917,11 @@ class Engine:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-        if not self._futures and not self._pipelines_running:
+        self._settle_idle()
+
+    def _settle_idle(self) -> None:
+        """Idle (what drain waits for) once no request, pipeline or repository change is left."""
+        if not self._futures and not self._pipelines_running and not self._changes_running:
             self._idle.set()
 
     async def _run_batch(self, batch: Batch) -> None:

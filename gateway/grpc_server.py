@@ -71,6 +71,9 @@ CONTENTS_FIELD = {
 # body limit, so that one request fits either protocol.
 OPEN_METHODS = {"ServerLive", "ServerReady"}
 REPOSITORY_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"}
+# Requests of one stream read but not yet answered to its client, at most (a model's default
+# max_queue_size): enough for any perf_analyzer concurrency.
+STREAM_IN_FLIGHT = 1024
 
 
 class Refused(Exception):
@@ -210,6 +213,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.RepositoryIndexResponse(models=[service_pb2.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
 
     async def RepositoryModelLoad(self, request, context):  # noqa: N802
+        await self._refuse_while_draining(context)
         # Whatever the parameter's type: parse_override refuses one that is not a string, naming it.
         config = _parameter_value(request.parameters["config"]) if "config" in request.parameters else None
         try:
@@ -219,11 +223,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):  # noqa: N802
+        await self._refuse_while_draining(context)
         try:
             await self.engine.unload_model(request.model_name)
         except InvalidRequest as error:
             await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error))
         return service_pb2.RepositoryModelUnloadResponse()
+
+    async def _refuse_while_draining(self, context: grpc.aio.ServicerContext) -> None:
+        if self.handlers.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down; no model is loaded or unloaded now")
 
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request, context):  # noqa: N802
@@ -239,6 +248,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request's id), a refusal as the response's ``error_message``; the stream goes on."""
         answers: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         serving: set[asyncio.Task[None]] = set()
+        # Requests of the stream read and not yet answered to the client (running, or their
+        # answers waiting to be written): at the bound, no more is read, and HTTP/2's flow control
+        # holds the client back. A client that sends and never reads grew the gateway without end.
+        room = asyncio.Semaphore(STREAM_IN_FLIGHT)
 
         async def serve(request: service_pb2.ModelInferRequest) -> None:
             answers.put_nowait(await self._stream_answer(request))
@@ -246,6 +259,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    await room.acquire()
                     task = asyncio.create_task(serve(request))
                     serving.add(task)
                     task.add_done_callback(serving.discard)
@@ -261,7 +275,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     read_all = True
                     await asyncio.gather(*serving)  # each puts its answer before it ends
                 else:
-                    yield answer
+                    yield answer  # returns once grpc has taken it: the client is reading
+                    room.release()
             await reader  # a stream that broke ends with its error
         finally:  # the client left, or the stream failed: what is still running is let go
             reader.cancel()

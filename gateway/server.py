@@ -258,6 +258,14 @@ class Handlers:
             )
         return runtime
 
+    async def _model_and_body(self, request: web.Request) -> tuple[ModelRuntime, object]:
+        """The model an admin PUT names, and its JSON body. The model is looked up again once the
+        body is in: an unload or a reload meanwhile would have the change go to a model no longer
+        served (a 500 for cores, a 200 that changed nothing, an SLA split between two runtimes)."""
+        self._model(request)  # an unknown model is a 404 before any body is read
+        body = await self._json_body(request)
+        return self._model(request), body
+
     # -- KServe v2 --------------------------------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)})
@@ -423,8 +431,7 @@ class Handlers:
 
     async def admin_pin_cores(self, request: web.Request) -> web.Response:
         """Pin a model's cores ({"cores": 0.5}) or hand them back to the policy ({"cores": null})."""
-        runtime = self._model(request)
-        body = await self._json_body(request)
+        runtime, body = await self._model_and_body(request)
         cores = body.get("cores", ...) if isinstance(body, dict) else ...
         # More than the node's cores is no pin the supervisor could grant.
         node_cores = self.engine.config.node.cpu_cores
@@ -441,8 +448,7 @@ class Handlers:
 
     async def admin_set_replicas(self, request: web.Request) -> web.Response:
         """How many workers run a model's CPU executor ({"replicas": 2}), or every one ({"replicas": null})."""
-        runtime = self._model(request)
-        body = await self._json_body(request)
+        runtime, body = await self._model_and_body(request)
         replicas = body.get("replicas", ...) if isinstance(body, dict) else ...
         if replicas is ... or not (replicas is None or (type(replicas) is int and replicas >= 1)):
             raise InvalidRequest('the body must be {"replicas": N} with N a whole number from 1, or {"replicas": null}')
@@ -451,8 +457,7 @@ class Handlers:
 
     async def admin_set_dispatch_batch(self, request: web.Request) -> web.Response:
         """A planned CPU batch size ({"dispatch_batch": 4}; 1: none), at most the model's max_batch_size."""
-        runtime = self._model(request)
-        body = await self._json_body(request)
+        runtime, body = await self._model_and_body(request)
         rows = body.get("dispatch_batch", ...) if isinstance(body, dict) else ...
         if type(rows) is not int:
             raise InvalidRequest('the body must be {"dispatch_batch": N} with N a whole number from 1')
@@ -468,6 +473,7 @@ class Handlers:
         return web.json_response(repository_index(self.engine, ready_only))
 
     async def repository_load(self, request: web.Request) -> web.Response:
+        self._refuse_while_draining()
         body = await self._json_body(request) if request.can_read_body else {}
         parameters = body.get("parameters", {}) if isinstance(body, dict) else None
         if not isinstance(parameters, dict):
@@ -476,8 +482,13 @@ class Handlers:
         return web.json_response({})
 
     async def repository_unload(self, request: web.Request) -> web.Response:
+        self._refuse_while_draining()
         await self.engine.unload_model(request.match_info["model"])
         return web.json_response({})
+
+    def _refuse_while_draining(self) -> None:
+        if self.draining:
+            raise InvalidRequest("the gateway is shutting down; no model is loaded or unloaded now", status=503)
 
     async def admin_cluster(self, request: web.Request) -> web.Response:
         if self.engine.cluster is None:
@@ -518,8 +529,7 @@ class Handlers:
         )
 
     async def admin_set_sla(self, request: web.Request) -> web.Response:
-        runtime = self._model(request)
-        body = await self._json_body(request)
+        runtime, body = await self._model_and_body(request)
         sla = body.get("sla_ms") if isinstance(body, dict) else None
         low, high = SLA_MS_RANGE
         if isinstance(sla, bool) or not isinstance(sla, (int, float)) or not low <= sla <= high:

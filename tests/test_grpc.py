@@ -258,3 +258,32 @@ def test_perf_analyzer_streams_over_grpc(grpc_gateway):
     after = grpc_gateway.admin("mlp")["stats"]["outcomes"]
     assert sent > 0 and after["success"] - before.get("success", 0) >= sent
     assert {k: v - before.get(k, 0) for k, v in after.items() if k != "success" and v != before.get(k, 0)} == {}
+
+
+def test_a_stream_whose_client_does_not_read_is_held_back(grpc_gateway):
+    """A client that sends and never reads: the gateway reads no more of its stream once a bound
+    of its requests wait to be answered (it read and served all of them, buffering the answers
+    without end); once the client reads, every request is answered."""
+    from gateway.grpc_server import STREAM_IN_FLIGHT
+
+    sent = 3 * STREAM_IN_FLIGHT
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 512])
+    request = service_pb2.ModelInferRequest(
+        model_name="mlp", inputs=[tensor], raw_input_contents=[np.zeros((1, 512), np.float32).tobytes()]
+    )
+
+    def received() -> int:
+        return int(grpc_gateway.admin("mlp")["stats"]["requests"])
+
+    before = received()
+    with grpc.insecure_channel(grpc_gateway.grpc_url) as channel:
+        answers = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([request] * sent))
+        last, steady_since = -1, time.monotonic()
+        while time.monotonic() - steady_since < 2.0:  # until the gateway stops taking requests
+            time.sleep(0.25)
+            now = received() - before
+            if now != last:
+                last, steady_since = now, time.monotonic()
+        assert STREAM_IN_FLIGHT <= last < sent, last
+        got = [answer for answer, _ in zip(answers, range(sent), strict=False)]
+    assert len(got) == sent and not any(answer.error_message for answer in got)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import struct
 import threading
@@ -276,3 +277,44 @@ def test_a_model_of_the_config_loads_again_once_unloaded(repository):
     assert loaded.status_code == 200, loaded.text
     assert index(repository)["mlp"] == "READY"
     assert requests.post(f"{repository.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=10).status_code == 200
+
+
+def test_an_admin_change_that_waits_out_an_unload_is_a_404(repository):
+    """Its handler found the model, then waited for its body while the model was unloaded: the
+    change went to a model no longer served (a 500 for cores, a 200 for the SLA)."""
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    for path, body in (("sla", b'{"sla_ms": 77}'), ("cores", b'{"cores": 0.5}'), ("dispatch_batch", b'{"dispatch_batch": 2}')):
+        with socket.create_connection(("127.0.0.1", repository.port), timeout=30) as sock:
+            sock.sendall(
+                f"PUT /admin/models/mlp2/{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer an-admin-token-of-length\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            )
+            time.sleep(0.2)  # the handler has found mlp2 and waits for the body
+            unloaded = requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60)
+            assert unloaded.status_code == 200, unloaded.text
+            sock.sendall(body)
+            head = sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 404"), head
+        assert b"unknown model 'mlp2'" in head
+        requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    assert 'gateway_sla_seconds{model="mlp2"} 0.077' not in repository.metrics()
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def test_sigterm_waits_for_a_load_in_progress(repository):
+    """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
+    cut off with no answer; it is drained as a request is."""
+    answers: list[requests.Response] = []
+    loader = threading.Thread(
+        target=lambda: answers.append(
+            requests.post(f"{repository.base}/v2/repository/models/small/load", headers=ADMIN, timeout=60)
+        )
+    )
+    loader.start()
+    deadline = time.monotonic() + 30
+    while "executor cpu-small: started process" not in repository.output() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    repository.process.send_signal(signal.SIGTERM)
+    loader.join()
+    assert answers[0].status_code == 200, answers[0].text
+    assert repository.process.wait(timeout=30) == 0
