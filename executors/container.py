@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import io
 import logging
 import os
@@ -150,7 +151,9 @@ class DockerBackend:
         return removed
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        # Waits for the calls under way (each within the client's 30 s timeout): a container the
+        # daemon is still making would otherwise be left behind by a process that exits meanwhile.
+        self.pool.shutdown(wait=True, cancel_futures=True)
         if self.client is not None:
             self.client.close()
 
@@ -173,6 +176,7 @@ class DockerExecutor(SupervisedExecutor):
         self.docker = docker_backend
         self.cfs_period_us = cfs_period_us
         self.container: Container | None = None
+        self._launched: Container | None = None  # the last container made, once the daemon has made it
         self._launches = 0
         self._resize: asyncio.Task[None] | None = None
         self._relay: threading.Thread | None = None  # follows the container's output
@@ -231,7 +235,7 @@ class DockerExecutor(SupervisedExecutor):
                 )
             device_id = self.device.partition(":")[2] or "0"
             options["device_requests"] = [docker.types.DeviceRequest(device_ids=[device_id], capabilities=[["gpu"]])]
-        container = await self.docker.call(self.docker.client.containers.run, self.docker.image, **options)
+        container = await self.docker.call(self._run_unless_stopped, options)
         self.container = container
         self._relay = threading.Thread(
             target=self._relay_output, args=(container, asyncio.get_running_loop()), name=f"logs-{self.id}", daemon=True
@@ -240,6 +244,23 @@ class DockerExecutor(SupervisedExecutor):
         log.info("executor %s: started container %s (%s) for %s on %s", self.id, container.name,
                  container.short_id, ", ".join(self.models), self.device)  # fmt: skip
         return container
+
+    def _run_unless_stopped(self, options: dict[str, Any]) -> Container:
+        """``containers.run``, in the pool's thread. A stop() meanwhile cancels the coroutine that
+        waits for it, not the thread: the container made is removed here when the stop came
+        before it was, or by stop() (``_launched``) when it came after."""
+        assert self.docker.client is not None
+        container = self._launched = self.docker.client.containers.run(self.docker.image, **options)
+        if self._stopping:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+            raise ExecutorStartError(f"executor {self.id} was stopped while its container was made")
+        return container
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._launched is not None:  # one whose launch the stop cut short is not its _handle
+            await self._kill(self._launched)
 
     def _relay_output(self, container: Container, loop: asyncio.AbstractEventLoop) -> None:
         """Relay each line the container prints to the event loop (``_output_line``), as the

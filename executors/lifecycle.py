@@ -324,6 +324,13 @@ class SupervisedExecutor(abc.ABC):
         self.on_change()
 
     async def _supervise(self, first_start: asyncio.Future[None]) -> None:
+        try:
+            await self._keep_running(first_start)
+        finally:  # stopped (cancelled) before it was ever ready: whoever awaits start() learns it
+            if not first_start.done():
+                first_start.set_exception(ExecutorStartError(f"executor {self.id} was stopped before it started"))
+
+    async def _keep_running(self, first_start: asyncio.Future[None]) -> None:
         delay = RESTART_DELAY_S
         loop = asyncio.get_running_loop()
         while not self._stopping:

@@ -611,6 +611,7 @@ class Engine:
                 self.executors.pop(executor.id, None)
             self.config.models.pop(name, None)
             del self.models[name]
+            self.metrics.forget(name, [(e.id, e.device) for e in runtime.executors])
         finally:
             del self.unloading[name]
         log.info("model %s: unloaded", name)

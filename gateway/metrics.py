@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,24 @@ class GatewayMetrics:
     def export_scaling_signal(self, read: Callable[[], ScalingSignal]) -> None:
         """Export Symphony's autoscaling signals of the node's GPUs, ``read`` at each scrape."""
         self.registry.register(ScalingSignalCollector(read))
+
+    def forget(self, model: str, executors: Iterable[tuple[str, str]]) -> None:
+        """Drop the series of a model unloaded at run time, and of its executors ((id, device)
+        each), as Triton drops an unloaded model's metrics: its gauges went on showing the cores
+        and SLA of a model that is gone, and a model loaded again starts its counters from 0, as
+        its statistics (Triton's nv_inference_*) do."""
+        cached = self._models.pop(model, None)
+        outcomes = list(cached._outcomes) if cached is not None else []
+        by_model = (self.received, self.in_flight, self.queue_seconds, self.compute_seconds, self.request_seconds)
+        by_model += (self.batch_size, self.queue_length, self.sla_seconds, self.violations, self.late_actions)
+        removals: list[tuple[Any, tuple[str, ...]]] = [(family, (model,)) for family in by_model]
+        removals += [(self.requests, (model, outcome)) for outcome in outcomes]
+        for executor, device in executors:
+            removals += [(self.cores, (model, executor)), (self.enforced_cores, (model, executor))]
+            removals.append((self.executor_cpu_seconds, (executor, device)))
+        for family, labels in removals:
+            with contextlib.suppress(KeyError):  # a series never written
+                family.remove(*labels)
 
     def for_model(self, model: str) -> ModelMetrics:
         """The model's series on the per-request path, looked up once (``labels`` costs a few

@@ -22,7 +22,9 @@ ERRORS = {
     400: "a client mistake, named in the message",
     401: "the bearer token is missing or wrong",
     404: "no such model or version",
+    408: "the body did not all arrive within the request timeout (the connection is closed)",
     413: "the body or a tensor is over its limit",
+    417: "an Expect header other than 100-continue",
     429: "the model's queue is full; see Retry-After",
     503: "not ready, shutting down, refused before running, or the executor failed",
     504: "the request's timeout passed",
@@ -66,7 +68,9 @@ def _operation(route: Route) -> dict[str, Any]:
         if route.binary_body:
             content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
         operation["requestBody"] = {"required": True, "content": content}
-    errors = sorted({*route.errors, *([401] if route.plane is not None else [])})
+    # Any request may carry an Expect header; any that reads a body may stall in it.
+    reads_body = route.body is not None or route.path.startswith("/v2/repository")
+    errors = sorted({*route.errors, *([401] if route.plane is not None else []), 417, *([408] if reads_body else [])})
     operation["responses"] = {
         "200": _reply(route.ok),
         **{str(status): _reply(Reply("Error", ERRORS[status])) for status in errors},

@@ -483,6 +483,11 @@ class Handlers:
 
     async def repository_unload(self, request: web.Request) -> web.Response:
         self._refuse_while_draining()
+        # Triton's body ({"parameters": {"unload_dependents": ...}}) is read as load's is: a body
+        # that is not a JSON object is refused, not ignored.
+        body = await self._json_body(request) if request.can_read_body else {}
+        if not isinstance(body, dict) or not isinstance(body.get("parameters", {}), dict):
+            raise InvalidRequest("the body must be a JSON object, its 'parameters' an object")
         await self.engine.unload_model(request.match_info["model"])
         return web.json_response({})
 

@@ -320,3 +320,28 @@ def test_a_container_removed_while_leftovers_are_listed_is_skipped(docker_backen
                 container.remove(force=True)
     assert raced and removed == [c.name for c in made if c.name not in raced]
     assert [c for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}) if c.labels[OWNER_LABEL] == owner] == []
+
+
+async def test_an_executor_stopped_while_its_container_is_made_leaves_none(
+    docker_backend, client, monkeypatch, example_models, tmp_path
+):
+    """stop() cancels the coroutine that waits for containers.run, not the pool's thread that
+    runs it: the container the daemon made afterwards was left behind (an unload or a SIGTERM
+    during a restart), and start() never returned."""
+    run = docker_backend.client.containers.run
+
+    def slow_run(*args, **kwargs):
+        time.sleep(1.0)  # the daemon is still making it when stop() comes
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(docker_backend.client.containers, "run", slow_run)
+    executor = DockerExecutor(
+        "cut-short", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend
+    )
+    starting = asyncio.ensure_future(executor.start())
+    await asyncio.sleep(0.3)
+    await executor.stop()
+    with pytest.raises(ExecutorStartError, match="stopped"):
+        await asyncio.wait_for(starting, 10)
+    await asyncio.sleep(2.0)  # the thread has made the container and removed it
+    assert client.containers.list(all=True, filters={"label": f"{LABEL}=cut-short"}) == []

@@ -268,6 +268,27 @@ def test_an_unload_its_client_leaves_still_ends_and_leaves_no_cpu_group(reposito
     requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
 
 
+def test_an_unloaded_model_leaves_no_series_on_metrics(repository):
+    """Its gauges went on showing the cores and SLA of executors that had stopped."""
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    assert requests.post(f"{repository.base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 200
+    assert 'gateway_executor_cores{executor="cpu-mlp2.v1",model="mlp2.v1"}' in repository.metrics()  # version 1
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+    left = [line for line in repository.metrics().splitlines() if "mlp2" in line]
+    assert left == []
+    # Loaded again, its counters start from 0, as its statistics do.
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    assert requests.post(f"{repository.base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 200
+    assert 'gateway_requests_total{model="mlp2.v1",outcome="success"} 1.0' in repository.metrics()
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def test_an_unload_with_a_body_that_is_not_json_is_refused(repository):
+    response = requests.post(f"{repository.base}/v2/repository/models/mlp/unload", data=b"{bad", headers=ADMIN, timeout=10)
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]
+    assert index(repository)["mlp"] == "READY"
+
+
 def test_a_model_of_the_config_loads_again_once_unloaded(repository):
     unloaded = requests.post(f"{repository.base}/v2/repository/models/mlp/unload", headers=ADMIN, timeout=60)
     assert unloaded.status_code == 200, unloaded.text
@@ -304,6 +325,8 @@ def test_an_admin_change_that_waits_out_an_unload_is_a_404(repository):
 def test_sigterm_waits_for_a_load_in_progress(repository):
     """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
     cut off with no answer; it is drained as a request is."""
+    started = "executor cpu-small: started process"
+    before = repository.output().count(started)  # an earlier test loaded it too
     answers: list[requests.Response] = []
     loader = threading.Thread(
         target=lambda: answers.append(
@@ -312,7 +335,7 @@ def test_sigterm_waits_for_a_load_in_progress(repository):
     )
     loader.start()
     deadline = time.monotonic() + 30
-    while "executor cpu-small: started process" not in repository.output() and time.monotonic() < deadline:
+    while repository.output().count(started) == before and time.monotonic() < deadline:
         time.sleep(0.01)
     repository.process.send_signal(signal.SIGTERM)
     loader.join()

@@ -158,3 +158,16 @@ def test_openapi_document_covers_every_route(folder):
     documented = {(method.upper(), path) for path, item in document["paths"].items() for method in item}
     assert routes == documented
     assert json.dumps(document)  # serialisable as served
+
+
+def test_openapi_document_names_the_timeouts_and_expectations_the_server_sends():
+    """408 (a body that stalls) and 417 (an unknown Expect) are answered: the document says so."""
+    from gateway.openapi import openapi_document
+
+    document = openapi_document("test")
+    infer = document["paths"]["/v2/models/{model}/infer"]["post"]["responses"]
+    assert {"408", "417"} <= set(infer), sorted(infer)
+    sla = document["paths"]["/admin/models/{model}/sla"]["put"]["responses"]
+    assert {"408", "417"} <= set(sla), sorted(sla)
+    health = document["paths"]["/v2/health/live"]["get"]["responses"]
+    assert "417" in health and "408" not in health
