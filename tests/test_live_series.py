@@ -55,6 +55,8 @@ def test_requests_are_counted_by_second_with_mean_p99_violations_and_outcomes():
     series.request_ended("m", clock.now, "refused_deadline", None, 25.0, "cpu")
     series.request_ended("m", clock.now, "timeout", None, 25.0, "cpu")
     series.request_ended("m", clock.now, "executor_failed", None, 25.0, "cpu")
+    series.request_ended("m", clock.now, "unloaded", None, 25.0, "cpu")  # refused: its model went away
+    series.request_ended("m", clock.now, "model_error", None, 25.0, "cpu")  # the model failed on it
     series.request_ended("m", clock.now, "invalid", None, 25.0, "cpu")  # the client's mistake: no count
     clock.advance(1.0)  # second 1000 is over
     snapshot = series.snapshot(clock.now, 3, {"m": 25.0})
@@ -64,7 +66,7 @@ def test_requests_are_counted_by_second_with_mean_p99_violations_and_outcomes():
     assert s["mean_rt_ms"] == [None, None, 21.0]
     assert s["p99_rt_ms"][-1] == pytest.approx(39.6)  # numpy's linear percentile of 5, 10, 20, 30, 40
     assert s["violations"] == [0, 0, 2]
-    assert (s["refused"], s["timeouts"], s["failed"]) == ([0, 0, 2], [0, 0, 1], [0, 0, 1])
+    assert (s["refused"], s["timeouts"], s["failed"]) == ([0, 0, 3], [0, 0, 1], [0, 0, 2])
     assert (s["on_cpu"], s["on_gpu"]) == ([0, 0, 4], [0, 0, 1])
 
 

@@ -29,9 +29,9 @@ SECONDS = 600
 # a busier second keeps an evenly spaced subsample, so memory stays bounded at any load.
 SAMPLES_PER_SECOND = 2048
 # How the page names the outcomes it counts, and the engine's outcomes each one gathers.
-REFUSED = frozenset({"queue_full", "refused_deadline"})  # turned away before any work: 429, 503
+REFUSED = frozenset({"queue_full", "refused_deadline", "unloaded"})  # turned away before any work: 429, 503
 TIMEOUTS = frozenset({"timeout"})  # 504
-FAILED = frozenset({"executor_failed", "internal_error"})  # the gateway's or an executor's fault
+FAILED = frozenset({"executor_failed", "internal_error", "model_error"})  # an executor's, the model's or the gateway's fault
 
 B = TypeVar("B")
 
