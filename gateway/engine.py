@@ -293,8 +293,8 @@ class Engine:
         self._cpu_seen: dict[str, tuple[int | None, float]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        self._pipelines_running = 0
-        self._changes_running = 0  # loads and unloads of the model repository
+        # Work drain waits for beside the core's requests: pipelines' requests, repository changes.
+        self._running_outside_core = 0
         # Per-second series for the live page (/ui), filled from the events below.
         self.live = LiveSeries()
 
@@ -485,13 +485,13 @@ class Engine:
         task = asyncio.ensure_future(self._one_change_at_a_time(change))
         task.add_done_callback(_retrieve)  # where its client left, no one else awaits it
         # Drained as a request is: SIGTERM waits for a load in progress, as for an inference.
-        self._changes_running += 1
+        self._running_outside_core += 1
         self._idle.clear()
         task.add_done_callback(self._change_ended)
         return await asyncio.shield(task)
 
     def _change_ended(self, task: asyncio.Task[Any]) -> None:
-        self._changes_running -= 1
+        self._running_outside_core -= 1
         self._settle_idle()
 
     async def _one_change_at_a_time(self, change: Coroutine[Any, Any, T]) -> T:
@@ -670,14 +670,14 @@ class Engine:
         result and its outputs' datatypes; a RequestFailed (a pipeline's step named) otherwise."""
         if isinstance(runtime, PipelineRuntime):
             # Drained as a model's request is, between its steps and in its function steps too.
-            self._pipelines_running += 1
+            self._running_outside_core += 1
             self._idle.clear()
             try:
                 result = await runtime.run(self, request, arrival)
             except StepFailed as error:
                 raise RequestFailed(str(error), error.status, error.outcome) from None
             finally:
-                self._pipelines_running -= 1
+                self._running_outside_core -= 1
                 self._settle_idle()
             return result, runtime.datatypes_of(result.outputs)
         return await self.submit(runtime, request, arrival), runtime.datatypes
@@ -686,7 +686,7 @@ class Engine:
     def active(self) -> int:
         """Requests handed to the core, pipelines' requests and repository changes that have not
         ended yet (a pipeline's step in the core counts beside its pipeline)."""
-        return len(self._futures) + self._pipelines_running + self._changes_running
+        return len(self._futures) + self._running_outside_core
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every accepted request has ended, at most ``timeout_s``; whether they all did."""
@@ -922,7 +922,7 @@ class Engine:
 
     def _settle_idle(self) -> None:
         """Idle (what drain waits for) once no request, pipeline or repository change is left."""
-        if not self._futures and not self._pipelines_running and not self._changes_running:
+        if not self._futures and not self._running_outside_core:
             self._idle.set()
 
     async def _run_batch(self, batch: Batch) -> None:

@@ -276,7 +276,7 @@ def _typed_array(name: str, values: list[Any], datatype: str, exact: bool = True
         try:
             encoded = [text.encode("utf-8") for text in values]
         except AttributeError:
-            raise _wrong_types(name, values, datatype) from None
+            raise _wrong_types(name, set(map(type, values)) - _ACCEPTED_TYPES[datatype], datatype) from None
         array = np.empty(len(values), dtype=np.object_)
         array[:] = encoded  # a numpy string array would drop trailing NULs
         return array
@@ -294,8 +294,9 @@ def _typed_array(name: str, values: list[Any], datatype: str, exact: bool = True
             with np.errstate(over="ignore"):  # a float too large for the datatype is refused by the caller
                 return raw.astype(dtype, copy=False)
     values = _flat(name, values)
-    if set(map(type, values)) - _ACCEPTED_TYPES[datatype]:
-        raise _wrong_types(name, values, datatype)
+    wrong = set(map(type, values)) - _ACCEPTED_TYPES[datatype]
+    if wrong:
+        raise _wrong_types(name, wrong, datatype)
     try:
         with np.errstate(over="ignore"):
             return np.asarray(values, dtype=dtype)
@@ -303,8 +304,8 @@ def _typed_array(name: str, values: list[Any], datatype: str, exact: bool = True
         raise InvalidRequest(f"input '{name}': a value is outside the range of {datatype}") from None
 
 
-def _wrong_types(name: str, values: list[Any], datatype: str) -> InvalidRequest:
-    wrong = set(map(type, values)) - _ACCEPTED_TYPES[datatype]
+def _wrong_types(name: str, wrong: set[type], datatype: str) -> InvalidRequest:
+    """The refusal of data holding values of the ``wrong`` types for ``datatype``."""
     if list in wrong:
         return InvalidRequest(f"input '{name}': 'data' is a ragged nested list")
     held = " and ".join(sorted(_TYPE_TEXT.get(kind, "values") for kind in wrong))
