@@ -45,7 +45,7 @@ from gateway.cluster.link import RemoteExecutor
 from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
-from gateway.metrics import GatewayMetrics, ModelTotals
+from gateway.metrics import GatewayMetrics, ModelMetrics, ModelTotals, TritonTotals
 from gateway.node import NodeExecutors, build_node_executors
 from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.profiling import profile_executor
@@ -699,16 +699,27 @@ class Engine:
     def received(self, runtime: ModelRuntime) -> None:
         """Account for an infer request that reached the model; ``record`` ends it."""
         runtime.received += 1
-        series = self.metrics.for_model(runtime.name)
-        series.received.inc()
-        series.in_flight.inc()
+        series = self._series(runtime)
+        if series is not None:
+            series.received.inc()
+            series.in_flight.inc()
+
+    def _series(self, runtime: ModelRuntime | PipelineRuntime) -> ModelMetrics | None:
+        """The model's series on /metrics, or None for a runtime no longer served: an unload drops
+        its series (``forget``), and a request that was still arriving then must not bring them
+        back (an in-flight gauge of -1, outcomes beside no arrival, kept across a reload)."""
+        name = runtime.name
+        if self.models.get(name) is not runtime and self.pipelines.get(name) is not runtime:
+            return None
+        return self.metrics.for_model(name)
 
     def record(self, runtime: ModelRuntime, outcome: str, arrival: float, result: Result | None = None) -> None:
         """Account for a request received at ``arrival`` that ended (``result`` given: it was served)."""
         runtime.outcomes[outcome] = runtime.outcomes.get(outcome, 0) + 1
-        series = self.metrics.for_model(runtime.name)
-        series.outcome(outcome).inc()
-        series.in_flight.dec()
+        series = self._series(runtime)
+        if series is not None:
+            series.outcome(outcome).inc()
+            series.in_flight.dec()
         now = self.now
         took_ns = round((now - arrival) * 1e9)
         if result is not None and result.timing is not None:
@@ -724,7 +735,7 @@ class Engine:
                 self.gpu_cluster.request_ended(now, out_of_slo)
         self.live.request_ended(runtime.name, now, outcome, rt_ms, runtime.sla_ms, device)
         if rt_ms is not None:
-            if rt_ms > runtime.sla_ms:
+            if rt_ms > runtime.sla_ms and series is not None:
                 series.violations.inc()
             runtime.times.observe(rt_ms, runtime.sla_ms)
             runtime.devices[device] = runtime.devices.get(device, 0) + 1
@@ -733,7 +744,8 @@ class Engine:
                 runtime.window.add(rt_ms)
             else:
                 runtime.window.add_gpu(rt_ms)  # the other part of ROMA's tau_R (equation 1)
-            series.request_seconds.observe(rt_ms / 1000)
+            if series is not None:
+                series.request_seconds.observe(rt_ms / 1000)
 
     def set_sla(self, runtime: ModelRuntime, sla_ms: float) -> None:
         runtime.sla_ms = sla_ms
@@ -789,11 +801,39 @@ class Engine:
                 core_seconds=self.core_seconds(runtime),
                 window_violations=runtime.window_violations,
                 restarts={executor.id: executor.restarts for executor in runtime.executors},
-                statistics=runtime.statistics,
-                pending=self.core.queue_length(runtime.name) if runtime.name in self.core.models else 0,
             )
             for runtime in self.models.values()
         ]
+
+    def _statistics_kept(self) -> list[ModelRuntime | PipelineRuntime]:
+        """Every model and pipeline whose statistics clients may read (not one being unloaded)."""
+        return [r for r in [*self.models.values(), *self.pipelines.values()] if r.name not in self.unloading]
+
+    def triton_totals(self) -> list[TritonTotals]:
+        """What Triton's nv_inference_* series read, per model version and pipeline, for /metrics."""
+        return [
+            TritonTotals(
+                model=runtime.served_name,
+                version=runtime.version,
+                statistics=runtime.statistics,
+                pending=self.core.queue_length(runtime.name) if runtime.name in self.core.models else 0,
+            )
+            for runtime in self._statistics_kept()
+        ]
+
+    def triton_statistics(self, runtime: ModelRuntime | PipelineRuntime | None, every_version: bool) -> list[dict[str, Any]]:
+        """Triton's statistics extension: the ``$model_stat`` of ``runtime`` (None: of everything
+        served), under the name and version clients use; with ``every_version``, of each version of
+        its model, as Triton answers a request that names no version."""
+        if runtime is None:
+            runtimes = self._statistics_kept()
+        elif every_version and isinstance(runtime, ModelRuntime) and runtime.served_as:
+            keys = self.versions.get(runtime.served_as[0], {}).values()
+            runtimes = [self.models[key] for key in keys if key in self.models and key not in self.unloading]
+        else:
+            runtimes = [runtime]
+        stats = [r.statistics.to_triton(r.served_name, r.version) for r in runtimes]
+        return sorted(stats, key=lambda stat: (stat["name"], int(stat["version"])))
 
     def core_seconds(self, runtime: ModelRuntime) -> float:
         now = self.now

@@ -22,10 +22,17 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
-import grpc
+# gRPC's fork handlers are for children that go on using gRPC; the gateway's children (its
+# executors) exec at once. With the handlers on, each executor started while gRPC served wrote a
+# raw line of gRPC's own to stderr ("skipping fork() handlers"), breaking the JSON log. Read by
+# gRPC's core when it is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
 import numpy as np
 import orjson
 from google.protobuf import json_format
@@ -183,7 +190,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             ]
 
         return service_pb2.ModelMetadataResponse(
-            name=getattr(runtime, "served_name", runtime.name),
+            name=runtime.served_name,
             versions=self.engine.versions_of(runtime),
             platform=getattr(runtime, "platform", "onnxruntime_onnx"),
             inputs=tensors(signature.inputs),
@@ -198,13 +205,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request, context):  # noqa: N802
-        from gateway.server import MODEL_VERSION
-
-        if request.name:
-            runtimes = [await self._runtime(request.name, request.version, context)]
-        else:
-            runtimes = sorted([*self.engine.models.values(), *self.engine.pipelines.values()], key=lambda r: r.name)
-        stats = {"model_stats": [r.statistics.to_triton(r.name, MODEL_VERSION) for r in runtimes]}
+        runtime = await self._runtime(request.name, request.version, context) if request.name else None
+        stats = {"model_stats": self.engine.triton_statistics(runtime, every_version=not request.version)}
         return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
     # -- the model repository (gateway/repository.py, as HTTP's /v2/repository) ---------------------
@@ -336,8 +338,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _response(
         runtime: ModelRuntime, parsed: Any, result: Result, datatypes: dict[str, str]
     ) -> service_pb2.ModelInferResponse:
-        from gateway.server import MODEL_VERSION
-
         outputs, raw = [], []
         for wanted in parsed.outputs:
             array = result.outputs[wanted.name]
@@ -348,8 +348,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raw.append(bytes(tensor_to_bytes(array, datatype)))
         parameters = result.parameters()
         return service_pb2.ModelInferResponse(
-            model_name=getattr(runtime, "served_name", runtime.name),
-            model_version=getattr(runtime, "version", MODEL_VERSION),
+            model_name=runtime.served_name,
+            model_version=runtime.version,
             id=parsed.id or "",
             outputs=outputs,
             raw_output_contents=raw,

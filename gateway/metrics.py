@@ -128,6 +128,15 @@ class ModelTotals:
     core_seconds: float
     window_violations: int
     restarts: Mapping[str, int]  # executor id -> times restarted
+
+
+@dataclass(frozen=True)
+class TritonTotals:
+    """What Triton's per-model series read: a model's (or pipeline's) statistics, under the name
+    and version clients use (a version of a repository model is its own runtime)."""
+
+    model: str
+    version: str
     statistics: ModelStatistics
     pending: int  # requests waiting in its queue
 
@@ -157,7 +166,7 @@ class TotalsCollector:
 # Triton's per-model metrics (its metrics.md, "Inference Request Metrics"): name, type, help,
 # and what each reads off the statistics. Written as Triton writes them, without the "_total"
 # suffix that prometheus_client adds to counters, so that dashboards made for Triton find them.
-TRITON_METRICS: tuple[tuple[str, str, str, Callable[[ModelTotals], float]], ...] = (
+TRITON_METRICS: tuple[tuple[str, str, str, Callable[[TritonTotals], float]], ...] = (
     ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
      lambda t: t.statistics.success.count),
     ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
@@ -166,8 +175,10 @@ TRITON_METRICS: tuple[tuple[str, str, str, Callable[[ModelTotals], float]], ...]
      lambda t: t.statistics.inference_count),
     ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)",
      lambda t: t.statistics.execution_count),
+    # Successful requests only, as Triton's (a failure adds to nv_inference_request_failure alone),
+    # so that a dashboard's mean latency, this over nv_inference_request_success, is the served one.
     ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
-     lambda t: (t.statistics.success.ns + t.statistics.fail.ns) // 1000),
+     lambda t: t.statistics.success.ns // 1000),
     ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
      lambda t: t.statistics.queue.ns // 1000),
     ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds",
@@ -181,13 +192,13 @@ TRITON_METRICS: tuple[tuple[str, str, str, Callable[[ModelTotals], float]], ...]
 )  # fmt: skip
 
 
-def triton_exposition(models: Iterable[ModelTotals], version: str) -> str:
+def triton_exposition(models: Iterable[TritonTotals]) -> str:
     """Triton's metrics in the Prometheus text format, labelled as Triton labels them (model, version)."""
     models = list(models)
     lines = []
     for name, kind, text, read in TRITON_METRICS:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        lines += [f'{name}{{model="{_escape(t.model)}",version="{version}"}} {read(t)}' for t in models]
+        lines += [f'{name}{{model="{_escape(t.model)}",version="{_escape(t.version)}"}} {read(t)}' for t in models]
     return "\n".join(lines) + "\n"
 
 

@@ -45,8 +45,6 @@ SERVER_NAME = "gateway"
 # handlers: together within the second the gateway allows itself past drain_timeout_s.
 CLOSE_GRACE_S = 0.5
 HANDLER_SHUTDOWN_S = 0.25
-# The only model version served; the protocol lets clients name it in the path.
-MODEL_VERSION = "1"
 # What /v2 lists: the binary tensor data, model configuration and statistics extensions of
 # Triton (perf_analyzer asks for statistics only where they are listed).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
@@ -271,12 +269,13 @@ class Handlers:
         return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)})
 
     async def model_stats(self, request: web.Request) -> web.Response:
+        # Without a version in the path, Triton answers with every version of the model.
         runtime = self._runtime(request)
-        return web.json_response({"model_stats": [runtime.statistics.to_triton(runtime.name, MODEL_VERSION)]})
+        every_version = "version" not in request.match_info
+        return web.json_response({"model_stats": self.engine.triton_statistics(runtime, every_version)})
 
     async def all_model_stats(self, request: web.Request) -> web.Response:
-        models = sorted([*self.engine.models.values(), *self.engine.pipelines.values()], key=lambda r: r.name)
-        return web.json_response({"model_stats": [r.statistics.to_triton(r.name, MODEL_VERSION) for r in models]})
+        return web.json_response({"model_stats": self.engine.triton_statistics(None, every_version=True)})
 
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -291,7 +290,7 @@ class Handlers:
         assert signature is not None
         return web.json_response(
             {
-                "name": getattr(runtime, "served_name", runtime.name),
+                "name": runtime.served_name,
                 "versions": self.engine.versions_of(runtime),
                 "platform": getattr(runtime, "platform", "onnxruntime_onnx"),
                 "inputs": [t.as_json() for t in signature.inputs],
@@ -302,7 +301,7 @@ class Handlers:
     async def model_ready(self, request: web.Request) -> web.Response:
         runtime = self._runtime(request)
         ready = runtime.ready and not self.draining
-        return web.json_response({"name": runtime.name, "ready": ready}, status=200 if ready else 503)
+        return web.json_response({"name": runtime.served_name, "ready": ready}, status=200 if ready else 503)
 
     async def model_config(self, request: web.Request) -> web.Response:
         """Triton's model configuration, which perf_analyzer reads before it sends anything."""
@@ -326,7 +325,7 @@ class Handlers:
             ]
 
         config: dict[str, Any] = {
-            "name": runtime.name,
+            "name": runtime.served_name,
             "platform": getattr(runtime, "platform", "onnxruntime_onnx"),
             "backend": "onnxruntime",
             "max_batch_size": runtime.config.max_batch_size if batching else 0,
@@ -395,12 +394,12 @@ class Handlers:
         payload, header_length = await self._off_loop(
             sum(output.nbytes for output in result.outputs.values()),
             encode_infer_response,
-            getattr(runtime, "served_name", runtime.name),
+            runtime.served_name,
             parsed,
             result.outputs,
             datatypes,
             parameters,
-            getattr(runtime, "version", MODEL_VERSION),
+            runtime.version,
         )
         if header_length is None:
             return web.Response(body=payload, content_type="application/json"), "success", result
@@ -560,7 +559,7 @@ class Handlers:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The gateway's own series, then Triton's per-model ones (gateway/metrics.py)."""
-        triton = triton_exposition(self.engine.totals(), MODEL_VERSION).encode()
+        triton = triton_exposition(self.engine.triton_totals()).encode()
         body = generate_latest(self.engine.metrics.registry) + triton
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -223,3 +223,20 @@ def test_records_are_dropped_and_counted_while_nobody_reads_stderr() -> None:
         assert handler.dropped == 0
     finally:
         logger.removeHandler(handler)
+
+
+def test_executors_started_while_grpc_serves_leave_the_json_log_json(tmp_path: Path, example_models: Path) -> None:
+    """gRPC's fork handlers wrote a raw line of their own to stderr each time an executor process
+    started while the gRPC service ran (a model loaded, an executor replaced)."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    with run_gateway(config, args=["--log-format", "json", "--grpc-port", str(free_port())]) as running:
+        for _ in range(2):
+            loaded = requests.post(f"{running.base}/v2/repository/models/mlp/load", timeout=120)
+            assert loaded.status_code == 200, loaded.text
+        entries = log_entries(running)
+    assert sum("started process" in e["message"] for e in entries) >= 3, entries

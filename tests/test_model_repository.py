@@ -205,6 +205,20 @@ def test_versions_are_served_side_by_side_the_latest_by_default(repository):
     assert missing.status_code == 404 and "served versions: 1, 2" in missing.json()["error"]
     entries = requests.post(f"{repository.base}/v2/repository/index", headers=ADMIN, timeout=10).json()
     assert [(e["version"], e["state"]) for e in entries if e["name"] == "duo"] == [("1", "READY"), ("2", "READY")]
+    # Statistics and Triton's series name the model and version clients use (they were
+    # "duo.v2", version "1"); a request naming no version reads every version, as Triton's.
+    http_stats = client.get_inference_statistics("duo", "2")["model_stats"]
+    assert [(s["name"], s["version"], s["inference_count"]) for s in http_stats] == [("duo", "2", 2)]
+    every = client.get_inference_statistics("duo")["model_stats"]
+    assert [(s["name"], s["version"], s["inference_count"]) for s in every] == [("duo", "1", 2), ("duo", "2", 2)]
+    grpc_client = triton_grpc.InferenceServerClient(repository.grpc_url)
+    over_grpc = grpc_client.get_inference_statistics("duo", "1", as_json=True)["model_stats"]
+    assert [(s["name"], s["version"], s["inference_count"]) for s in over_grpc] == [("duo", "1", "2")]
+    assert len(grpc_client.get_inference_statistics("duo", as_json=True)["model_stats"]) == 2
+    lines = repository.metrics().splitlines()
+    assert 'nv_inference_count{model="duo",version="2"} 2' in lines
+    assert 'nv_inference_count{model="duo",version="1"} 2' in lines
+    assert client.get_model_config("duo", "1")["name"] == "duo"
     client.unload_model("duo", headers=ADMIN)
     assert requests.post(f"{repository.base}/v2/models/duo/infer", json=MLP_BODY, timeout=10).status_code == 404
     assert requests.post(f"{repository.base}/v2/models/duo/versions/1/infer", json=MLP_BODY, timeout=10).status_code == 404
@@ -280,6 +294,42 @@ def test_an_unloaded_model_leaves_no_series_on_metrics(repository):
     requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
     assert requests.post(f"{repository.base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 200
     assert 'gateway_requests_total{model="mlp2.v1",outcome="success"} 1.0' in repository.metrics()
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def _model_series(gateway, model: str) -> dict[str, float]:
+    wanted = ("gateway_requests_received_total", "gateway_requests_total", "gateway_requests_in_flight")
+    found = {}
+    for line in gateway.metrics().splitlines():
+        if line.startswith(wanted) and f'model="{model}"' in line:
+            key, value = line.rsplit(" ", 1)
+            found[key] = float(value)
+    return found
+
+
+def test_a_request_still_arriving_at_an_unload_brings_no_series_back(repository):
+    """Its handler had counted it received; it ended after the unload had dropped the model's
+    series and made them again: in flight -1, an outcome beside no arrival, kept after a reload."""
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    body = json.dumps(MLP_BODY).encode()
+    with socket.create_connection(("127.0.0.1", repository.port), timeout=30) as sock:
+        sock.sendall(
+            f"POST /v2/models/mlp2/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:100]
+        )
+        time.sleep(0.3)  # counted received; the rest of its body to come
+        assert _model_series(repository, "mlp2.v1")['gateway_requests_in_flight{model="mlp2.v1"}'] == 1
+        requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+        sock.sendall(body[100:])
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 503") and b"was unloaded" in head, head
+    assert _model_series(repository, "mlp2.v1") == {}
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    assert _model_series(repository, "mlp2.v1") == {
+        'gateway_requests_received_total{model="mlp2.v1"}': 0.0,
+        'gateway_requests_in_flight{model="mlp2.v1"}': 0.0,
+    }
     requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
 
 

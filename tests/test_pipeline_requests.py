@@ -170,3 +170,15 @@ def test_the_admin_api_names_a_pipeline_and_changes_nothing(pipeline):
         assert response.json()["error"] == expected
     assert requests.get(f"{pipeline.base}/v2/models/waits/config", timeout=10).json()["parameters"] == sla_before
     assert "internal error" not in pipeline.output() and "Traceback" not in pipeline.output()
+
+
+def test_a_pipeline_has_tritons_series_as_its_statistics_do(pipeline):
+    """Triton's nv_inference_* read the same totals as the statistics extension, which lists the
+    pipeline: the pipeline had statistics but no series."""
+    for _ in range(2):
+        assert _infer(pipeline, 0.0)[0].status_code == 200
+    stat = requests.get(f"{pipeline.base}/v2/models/waits/stats", timeout=10).json()["model_stats"][0]
+    assert (stat["name"], stat["version"], stat["inference_stats"]["success"]["count"]) == ("waits", "1", 2)
+    lines = pipeline.metrics().splitlines()
+    assert 'nv_inference_request_success{model="waits",version="1"} 2' in lines
+    assert f'nv_inference_count{{model="waits",version="1"}} {stat["inference_count"]}' in lines

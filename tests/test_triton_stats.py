@@ -130,6 +130,9 @@ def test_stats_and_metrics_count_what_was_served_and_refused(tmp_models):
         assert families["nv_inference_count_total"][label] == stat["inference_count"]
         assert families["nv_inference_exec_count_total"][label] == stat["execution_count"]
         assert families["nv_inference_queue_duration_us_total"][label] == inference["queue"]["ns"] // 1000
+        # Triton's request duration is the successful requests' alone (the 400s' time is not in it).
+        assert inference["fail"]["ns"] >= 1000
+        assert families["nv_inference_request_duration_us_total"][label] == inference["success"]["ns"] // 1000
         assert families["nv_inference_compute_infer_duration_us_total"][label] == inference["compute_infer"]["ns"] // 1000
         # Consistent with the gateway's own series.
         own = families["gateway_requests_total"]

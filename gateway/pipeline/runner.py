@@ -99,6 +99,14 @@ class PipelineRuntime:
         return self.ready_check()
 
     @property
+    def served_name(self) -> str:
+        return self.name
+
+    @property
+    def version(self) -> str:
+        return "1"  # a pipeline is served as a model of one version
+
+    @property
     def datatypes(self) -> dict[str, str]:
         return {t.name: t.datatype for t in self.signature.outputs}
 
