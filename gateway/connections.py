@@ -37,12 +37,13 @@ C = TypeVar("C", bound=Hashable)
 DESCRIPTOR_RESERVE = 64
 
 
-def connection_cap(max_connections: int, descriptor_limit: int | None) -> int:
-    """``max_connections``, lowered to leave ``DESCRIPTOR_RESERVE`` of the descriptor limit free."""
+def connection_cap(max_connections: int, descriptor_limit: int | None, listeners: int = 1) -> int:
+    """``max_connections``, lowered to leave ``DESCRIPTOR_RESERVE`` of the descriptor limit free;
+    each of ``listeners`` (HTTP, and gRPC where it is served) may hold an equal share of the rest."""
     if descriptor_limit is None or descriptor_limit <= 0:
         return max_connections
     reserve = min(DESCRIPTOR_RESERVE, descriptor_limit // 4)
-    return max(1, min(max_connections, descriptor_limit - reserve))
+    return max(1, min(max_connections, (descriptor_limit - reserve) // listeners))
 
 
 def descriptor_limit() -> int | None:

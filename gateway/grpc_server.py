@@ -39,6 +39,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_bytes
+from gateway.connections import connection_cap, descriptor_limit
 from gateway.engine import RequestFailed
 from gateway.protocol import InvalidRequest, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
@@ -113,6 +114,8 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
     inputs, blobs = [], []
     for i, tensor in enumerate(request.inputs):
         if raw:
+            if tensor.contents.ByteSize():  # the protocol's rule: one or the other, never both
+                raise InvalidRequest(f"input '{tensor.name}': contents must not be given when raw_input_contents are")
             blob = raw[i]
         else:
             field = CONTENTS_FIELD.get(tensor.datatype)
@@ -287,13 +290,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_answer(self, request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
         runtime = self.engine.served(request.model_name, request.model_version or None)
+        # A refusal carries its request's id, as Triton's does: the answers of a stream come in
+        # the order they end, so the id is what tells a client which request failed.
+        named = service_pb2.ModelInferResponse(id=request.id, model_name=request.model_name, model_version=request.model_version)
         if runtime is None:
             message = self.engine.not_served(request.model_name, request.model_version or None)
-            return service_pb2.ModelStreamInferResponse(error_message=message)
+            return service_pb2.ModelStreamInferResponse(error_message=message, infer_response=named)
         try:
             return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(runtime, request))
         except Refused as refused:
-            return service_pb2.ModelStreamInferResponse(error_message=str(refused))
+            return service_pb2.ModelStreamInferResponse(error_message=str(refused), infer_response=named)
 
     async def _infer(self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferResponse:
         """One request, served and accounted for as HTTP's are; a Refused with its code otherwise."""
@@ -418,13 +424,23 @@ def _refuse_unauthenticated(which: str) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(refuse)
 
 
-async def start_grpc(handlers: Handlers, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
+async def start_grpc(handlers: Handlers, host: str, port: int) -> grpc.aio.Server:
     """The gRPC service on ``host``:``port``, started; ``stop(grace)`` it at shutdown."""
-    token, admin_token = handlers.engine.config.server.data_token, handlers.engine.config.server.admin_token
+    config = handlers.engine.config.server
+    token, admin_token = config.data_token, config.admin_token
     server = grpc.aio.server(
         # No token, no guard: an interceptor costs every call a coroutine more.
         interceptors=[TokenGuard(token, admin_token)] if token or admin_token else [],
-        options=[("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", max_message_bytes)],
+        options=[
+            ("grpc.max_receive_message_length", config.max_body_bytes),
+            ("grpc.max_send_message_length", config.max_body_bytes),
+            # HTTP's guards on connections: a client that opens connections and says nothing held
+            # one descriptor each for gRPC's 120 s handshake, until the gateway had none left for
+            # HTTP, its executors or the control loop. A connection must complete HTTP/2's preface
+            # within header_timeout_s, and beyond the cap new connections are closed.
+            ("grpc.server_handshake_timeout_ms", round(config.header_timeout_s * 1000)),
+            ("grpc.max_allowed_incoming_connections", connection_cap(config.max_connections, descriptor_limit(), 2)),
+        ],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -650,9 +650,7 @@ async def serve(config: GatewayConfig) -> None:
         from gateway.grpc_server import start_grpc
 
         try:
-            grpc_server = await start_grpc(
-                app[HANDLERS], config.server.host, config.server.grpc_port, config.server.max_body_bytes
-            )
+            grpc_server = await start_grpc(app[HANDLERS], config.server.host, config.server.grpc_port)
         except (OSError, RuntimeError) as error:
             listener.close()
             await engine.stop()
@@ -678,10 +676,13 @@ async def serve(config: GatewayConfig) -> None:
         drained.cancel()
         log.warning("shutting down with %d request(s) unfinished: they are answered 503", engine.active)
     listener.close()
+    # The engine's stop answers what is left 503 while both protocols give their calls the grace
+    # to carry those answers (gRPC's stop cancels the calls it still holds after it: stopped
+    # first, it cancelled the requests left by the drain unanswered, counted as clients gone).
+    closing = [engine.stop(), connections.close_all(CLOSE_GRACE_S)]
     if grpc_server is not None:
-        # Calls in flight were answered or ended 503 by the drain: what is left gets the grace.
-        await grpc_server.stop(CLOSE_GRACE_S)
-    await asyncio.gather(engine.stop(), connections.close_all(CLOSE_GRACE_S))
+        closing.append(grpc_server.stop(CLOSE_GRACE_S))
+    await asyncio.gather(*closing)
     await runner.cleanup()
     if tracer is not None:
         tracer.shutdown()
@@ -696,7 +697,8 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connecti
     server = config.server
     assert runner.server is not None, "runner.setup() makes the server"
     manager = runner.server
-    connections = Connections(server.header_timeout_s, connection_cap(server.max_connections, descriptor_limit()))
+    listeners = 2 if server.grpc_port else 1
+    connections = Connections(server.header_timeout_s, connection_cap(server.max_connections, descriptor_limit(), listeners))
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(
         # The access log (--access-log) is written only where gateway/logs.py enabled it.

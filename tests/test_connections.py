@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import resource
 import socket
 import time
@@ -12,7 +13,7 @@ from collections.abc import Callable
 import requests
 
 from gateway.connections import ConnectionTable, connection_cap
-from tests.helpers import run_gateway, write_config
+from tests.helpers import free_port, run_gateway, write_config
 
 # -- the rules, on a fake clock -------------------------------------------------------------------
 
@@ -83,6 +84,9 @@ def test_the_cap_stays_under_the_descriptor_limit():
     assert connection_cap(1000, 256) == 192
     assert connection_cap(1000, 40) == 30
     assert connection_cap(10, 256) == 10
+    # HTTP and gRPC each hold at most half of what the limit leaves.
+    assert connection_cap(1000, 256, listeners=2) == 96
+    assert connection_cap(1000, None, listeners=2) == 1000
 
 
 # -- slowloris against the real gateway -------------------------------------------------------------
@@ -141,6 +145,38 @@ def test_slowloris_under_a_low_descriptor_limit_neither_holds_off_requests_nor_s
             for sock in slow:
                 sock.close()
         assert gateway.process.poll() is None, gateway.output()
+
+
+def test_silent_connections_to_the_grpc_port_neither_take_every_descriptor_nor_stay(tmp_models):
+    """gRPC held each silent connection for its 120 s handshake, with no cap: 300 of them took
+    every descriptor, and HTTP, gRPC and the control loop failed until the client let go."""
+    import tritonclient.grpc as triton_grpc
+
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 1000, "max_batch_size": 8}})
+    config.write_text(config.read_text() + f"\n[server]\nheader_timeout_s = {HEADER_TIMEOUT_S}\n")
+    grpc_port = free_port()
+    run = run_gateway(config, args=["--grpc-port", str(grpc_port)], preexec_fn=descriptor_limit_of(DESCRIPTORS))
+    with run as gateway:
+        silent = []
+        try:
+            for _ in range(SLOW_CLIENTS):
+                sock = socket.create_connection(("127.0.0.1", grpc_port), timeout=2)
+                sock.setblocking(False)
+                silent.append(sock)
+            opened = time.monotonic()
+            time.sleep(0.5)
+            assert len(os.listdir(f"/proc/{gateway.process.pid}/fd")) < DESCRIPTORS - 32
+            assert requests.post(f"{gateway.base}/v2/models/mlp/infer", data=BODY, timeout=5).status_code == 200
+            open_ = list(silent)
+            while open_ and time.monotonic() < opened + HEADER_TIMEOUT_S + 3.0:
+                time.sleep(0.25)
+                open_ = [sock for sock in open_ if not closed_by_peer(sock)]
+            assert not open_, f"{len(open_)} silent connections still open {HEADER_TIMEOUT_S + 3} s after they began"
+            assert triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}").is_server_live()
+        finally:
+            for sock in silent:
+                sock.close()
+        assert "Too many open files" not in gateway.output()
 
 
 # -- a body that stops half-way ---------------------------------------------------------------------

@@ -108,6 +108,34 @@ def test_typed_contents_are_taken_as_raw_ones(grpc_gateway):
     got = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(list(response.outputs[0].shape))
     expected = ort.InferenceSession(str(EXAMPLES / "models" / "mlp.onnx")).run(None, {"x": array})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # Both typed and raw contents: the protocol allows one or the other (the typed ones were dropped).
+    with grpc.insecure_channel(grpc_gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        both = service_pb2.ModelInferRequest(model_name="mlp", inputs=[tensor], raw_input_contents=[array.tobytes()])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(both)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'x': contents must not be given when raw_input_contents are" in refused.value.details()
+
+
+def test_a_streams_refusals_carry_their_requests_ids(grpc_gateway):
+    """A stream's answers come in the order they end: a refusal without its request's id (as
+    Triton's carries it) could not be told apart from another."""
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 512])
+    row = np.zeros((1, 512), np.float32).tobytes()
+    requests_sent = [
+        service_pb2.ModelInferRequest(model_name="mlp", id="good", inputs=[tensor], raw_input_contents=[row]),
+        service_pb2.ModelInferRequest(model_name="mlp", id="short", inputs=[tensor], raw_input_contents=[row[:-4]]),
+        service_pb2.ModelInferRequest(model_name="nope", id="nowhere", inputs=[tensor], raw_input_contents=[row]),
+    ]
+    with grpc.insecure_channel(grpc_gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers = list(stub.ModelStreamInfer(iter(requests_sent), timeout=30))
+    by_id = {a.infer_response.id: a for a in answers}
+    assert sorted(by_id) == ["good", "nowhere", "short"]
+    assert by_id["good"].error_message == "" and by_id["good"].infer_response.model_name == "mlp"
+    assert "unknown model 'nope'" in by_id["nowhere"].error_message
+    assert by_id["short"].error_message and by_id["short"].infer_response.model_name == "mlp"
 
 
 def test_the_data_token_is_metadata_and_health_stays_open(tmp_models):
