@@ -16,13 +16,14 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 
 import orjson
-from aiohttp import web, web_urldispatcher
+from aiohttp import hdrs, web, web_urldispatcher
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from executors.tensors import KSERVE_TO_TRITON_CONFIG
 from gateway import __version__
 from gateway.config import GatewayConfig
 from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
+from gateway.content_coding import BadCoding, BodyTooLarge, UnsupportedCoding, codings_of, decode
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
 from gateway.logs import ACCESS_LOG, REQUEST_ID_KEY, AccessLog
 from gateway.metrics import GatewayMetrics, triton_exposition
@@ -148,9 +149,15 @@ async def _read_body(request: web.Request, timeout_s: float, started: float | No
 
     Not ``request.read()``: that copies the body twice on the event loop, and a 60 MB body
     held the loop for tens of milliseconds at its last copy. A body that aiohttp's parser
-    refuses (one that does not decompress) is a 400.
+    refuses is a 400. A body in gzip or deflate arrives as sent (the connections do not inflate
+    it: aiohttp did so on the loop) and is inflated here, off the loop, up to the same limit
+    (gateway/content_coding.py).
     """
     limit = request.client_max_size
+    try:
+        codings = codings_of(request.headers.get(hdrs.CONTENT_ENCODING, ""))
+    except UnsupportedCoding as error:
+        raise InvalidRequest(str(error), status=415) from None
     request.content.set_read_chunk_size(limit)  # as request.read() does: fewer pauses of the socket
     chunks: list[bytes] = []
     size = 0
@@ -163,7 +170,6 @@ async def _read_body(request: web.Request, timeout_s: float, started: float | No
                 if size > limit:
                     raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
                 chunks.append(chunk)
-        return chunks
     except TimeoutError:
         raise BodyTimedOut(timeout_s) from None
     except web.RequestPayloadError as error:
@@ -171,6 +177,18 @@ async def _read_body(request: web.Request, timeout_s: float, started: float | No
             raise ConnectionResetError("the client left while sending its body") from error
         # aiohttp's message reads "400, message:\n  Can not decode content-encoding: gzip".
         raise InvalidRequest(f"the request body is malformed: {str(error).rpartition('message:')[2].strip()}") from None
+    if not codings:
+        return chunks
+    try:
+        return [await asyncio.to_thread(_decoded, chunks, codings, limit)]
+    except BodyTooLarge as error:
+        raise InvalidRequest(str(error), status=413) from None
+    except BadCoding as error:
+        raise InvalidRequest(str(error)) from None
+
+
+def _decoded(chunks: list[bytes], codings: list[str], limit: int) -> bytes:
+    return decode(joined(chunks), codings, limit)
 
 
 def joined(chunks: list[bytes]) -> bytes | bytearray:
@@ -352,10 +370,7 @@ class Handlers:
         except BodyTimedOut:
             outcome = "timeout"
             raise
-        except InvalidRequest:
-            outcome = "invalid"
-            raise
-        except web.HTTPException as error:
+        except (InvalidRequest, web.HTTPException) as error:
             outcome = "too_large" if error.status == 413 else "invalid"
             raise
         except (asyncio.CancelledError, ConnectionError):
@@ -702,7 +717,10 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connecti
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(
         # The access log (--access-log) is written only where gateway/logs.py enabled it.
-        lambda: JsonErrorConnection(manager, connections, loop=loop, access_log=ACCESS_LOG, access_log_class=AccessLog),
+        # auto_decompress off: a compressed body is inflated by _read_body, capped and off the loop.
+        lambda: JsonErrorConnection(
+            manager, connections, loop=loop, access_log=ACCESS_LOG, access_log_class=AccessLog, auto_decompress=False
+        ),
         server.host,
         server.port,
         backlog=128,  # aiohttp's TCPSite default

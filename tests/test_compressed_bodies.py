@@ -1,0 +1,125 @@
+"""Request bodies in gzip or deflate (tritonclient's request_compression_algorithm): inflated up
+to max_body_bytes and no further, off the event loop; a body that does not inflate is a 400 that
+leaves neither a traceback nor a broken connection; a coding the gateway cannot undo is a 415."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import shutil
+import zlib
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import requests
+import tritonclient.http as triton
+
+from gateway.content_coding import BadCoding, BodyTooLarge, UnsupportedCoding, codings_of, decode
+from tests.helpers import run_gateway
+
+MAX_BODY_BYTES = 8 << 20
+GOOD = json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]}).encode()
+
+
+# -- the codings, pure ----------------------------------------------------------------------------
+
+
+def test_gzip_members_and_both_kinds_of_deflate_are_undone():
+    assert decode(gzip.compress(b"abc") + gzip.compress(b"def"), ["gzip"], 100) == b"abcdef"
+    assert decode(zlib.compress(b"abc"), ["deflate"], 100) == b"abc"
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    assert decode(raw.compress(b"abc") + raw.flush(), ["deflate"], 100) == b"abc"
+    # Codings listed in the order they were applied are undone last first.
+    assert decode(gzip.compress(zlib.compress(b"abc")), codings_of("deflate, gzip"), 100) == b"abc"
+    assert codings_of("") == [] and codings_of("identity") == [] and codings_of("X-GZIP") == ["x-gzip"]
+
+
+def test_a_bomb_is_inflated_one_byte_past_the_limit_and_no_further():
+    bomb = gzip.compress(bytes(64 << 20))  # 64 MiB of zeros in about 64 KiB
+    with pytest.raises(BodyTooLarge, match="inflates to more than 1048576 bytes"):
+        decode(bomb, ["gzip"], 1 << 20)
+    assert len(decode(gzip.compress(bytes(1 << 20)), ["gzip"], 1 << 20)) == 1 << 20  # exactly the limit
+
+
+def test_bytes_not_in_their_coding_are_named():
+    with pytest.raises(BadCoding, match="not valid gzip"):
+        decode(b"this is not gzip", ["gzip"], 100)
+    with pytest.raises(BadCoding, match="ends before its stream does"):
+        decode(gzip.compress(b"abc" * 100)[:-12], ["gzip"], 1000)
+    with pytest.raises(BadCoding, match="bytes follow the end of its stream"):
+        decode(zlib.compress(b"abc") + b"tail", ["deflate"], 100)
+    with pytest.raises(UnsupportedCoding, match="Content-Encoding 'br' is not supported"):
+        codings_of("br")
+
+
+# -- served ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, example_models):
+    folder = tmp_path_factory.mktemp("compressed")
+    shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
+    (folder / "config.toml").write_text(
+        f'[server]\nmax_body_bytes = {MAX_BODY_BYTES}\n[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 8\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    with run_gateway(folder / "config.toml") as running:
+        yield running
+
+
+def _outcomes(gateway) -> dict[str, int]:
+    return requests.get(f"{gateway.base}/admin/models/mlp", timeout=10).json()["stats"]["outcomes"]
+
+
+def test_tritonclient_compresses_its_requests_and_is_answered(gateway, example_models):
+    client = triton.InferenceServerClient(gateway.url)
+    array = np.random.default_rng(3).random((2, 512), dtype=np.float32)
+    expected = ort.InferenceSession(str(example_models / "mlp.onnx")).run(None, {"x": array})[0]
+    for algorithm in ("gzip", "deflate"):
+        for binary in (True, False):
+            tensor = triton.InferInput("x", [2, 512], "FP32")
+            tensor.set_data_from_numpy(array, binary_data=binary)
+            result = client.infer("mlp", [tensor], request_compression_algorithm=algorithm)
+            np.testing.assert_allclose(result.as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gzip_bomb_is_a_413_and_the_gateway_goes_on(gateway):
+    """4 MiB of gzip that inflate to 4 GiB: aiohttp inflated all of it on the event loop, also
+    past the limit while it drained the body, and the client never saw its 413."""
+    member = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    one_gib = b"".join(member.compress(zeros) for _ in range(1024)) + member.flush()
+    bomb = one_gib * 4
+    before = _outcomes(gateway)
+    response = requests.post(f"{gateway.base}/v2/models/mlp/infer", data=bomb, headers={"Content-Encoding": "gzip"}, timeout=60)
+    assert response.status_code == 413, response.text
+    assert f"inflates to more than {MAX_BODY_BYTES} bytes" in response.json()["error"]
+    after = _outcomes(gateway)
+    assert after.get("too_large", 0) == before.get("too_large", 0) + 1, after
+    assert requests.post(f"{gateway.base}/v2/models/mlp/infer", data=GOOD, timeout=10).status_code == 200
+
+
+def test_a_body_that_does_not_inflate_is_a_400_on_a_connection_that_goes_on(gateway):
+    """It was a 400, then aiohttp drained the body, failed again, logged an ERROR with its
+    traceback and closed the connection without saying so."""
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    before = _outcomes(gateway)
+    for _ in range(3):
+        connection.request("POST", "/v2/models/mlp/infer", body=b"this is not gzip", headers={"Content-Encoding": "gzip"})
+        response = connection.getresponse()
+        assert response.status == 400
+        assert "the request body is not valid gzip" in json.loads(response.read())["error"]
+    connection.request("POST", "/v2/models/mlp/infer", body=GOOD)
+    assert connection.getresponse().status == 200  # the same connection
+    connection.close()
+    after = _outcomes(gateway)
+    assert after.get("invalid", 0) == before.get("invalid", 0) + 3 and after.get("internal_error", 0) == 0
+    assert "Unhandled exception" not in gateway.output() and "Traceback" not in gateway.output()
+
+
+def test_a_coding_the_gateway_cannot_undo_is_a_415_naming_it(gateway):
+    response = requests.post(f"{gateway.base}/v2/models/mlp/infer", data=GOOD, headers={"Content-Encoding": "br"}, timeout=10)
+    assert response.status_code == 415
+    assert response.json()["error"] == "Content-Encoding 'br' is not supported; the gateway takes gzip and deflate"
