@@ -23,7 +23,8 @@ ERRORS = {
     401: "the bearer token is missing or wrong",
     404: "no such model or version",
     408: "the body did not all arrive within the request timeout (the connection is closed)",
-    413: "the body or a tensor is over its limit",
+    413: "the body (a compressed one once inflated) or a tensor is over its limit",
+    415: "a Content-Encoding other than gzip or deflate",
     417: "an Expect header other than 100-continue",
     429: "the model's queue is full; see Retry-After",
     503: "not ready, shutting down, refused before running, or the executor failed",
@@ -70,7 +71,7 @@ def _operation(route: Route) -> dict[str, Any]:
         operation["requestBody"] = {"required": True, "content": content}
     # Any request may carry an Expect header; any that reads a body may stall in it.
     reads_body = route.body is not None or route.path.startswith("/v2/repository")
-    errors = sorted({*route.errors, *([401] if route.plane is not None else []), 417, *([408] if reads_body else [])})
+    errors = sorted({*route.errors, *([401] if route.plane is not None else []), 417, *([408, 415] if reads_body else [])})
     operation["responses"] = {
         "200": _reply(route.ok),
         **{str(status): _reply(Reply("Error", ERRORS[status])) for status in errors},

@@ -161,13 +161,14 @@ def test_openapi_document_covers_every_route(folder):
 
 
 def test_openapi_document_names_the_timeouts_and_expectations_the_server_sends():
-    """408 (a body that stalls) and 417 (an unknown Expect) are answered: the document says so."""
+    """408 (a body that stalls), 415 (a coding it cannot undo) and 417 (an unknown Expect) are
+    answered: the document says so."""
     from gateway.openapi import openapi_document
 
     document = openapi_document("test")
     infer = document["paths"]["/v2/models/{model}/infer"]["post"]["responses"]
-    assert {"408", "417"} <= set(infer), sorted(infer)
+    assert {"408", "415", "417"} <= set(infer), sorted(infer)
     sla = document["paths"]["/admin/models/{model}/sla"]["put"]["responses"]
-    assert {"408", "417"} <= set(sla), sorted(sla)
+    assert {"408", "415", "417"} <= set(sla), sorted(sla)
     health = document["paths"]["/v2/health/live"]["get"]["responses"]
-    assert "417" in health and "408" not in health
+    assert "417" in health and "408" not in health and "415" not in health
