@@ -470,13 +470,17 @@ class Engine:
         """Start ``model``'s CPU executor, profile it, and serve it: in the dispatch core, and in
         the node supervisor's arithmetic of cores. A model served already is unloaded first (a
         reload). The model is served only once it is ready; until then its requests get 404."""
-        return await self._repository_change(self._load_model(model))
+        return await self._repository_change(self._load_named_model(model))
 
     async def unload_model(self, name: str, timeout_s: float = 30.0) -> None:
         """Stop serving ``name``: new requests get 404 at once; those accepted finish (for at most
         ``timeout_s``, then the queued ones are answered 503); its executor stops and its cores go
         back to the other models."""
-        await self._repository_change(self._unload_model(name, timeout_s))
+        await self._repository_change(self._unload_named_model(name, timeout_s))
+
+    def _version_keys(self) -> set[str]:
+        """The runtimes' own names of repository models' versions (``NAME.vN``): no client's name."""
+        return {key for keys in self.versions.values() for key in keys.values()}
 
     async def _repository_change(self, change: Coroutine[Any, Any, T]) -> T:
         """Carry out one load or unload at a time, each to its end even when its client leaves:
@@ -498,7 +502,24 @@ class Engine:
         async with self._repository_lock:
             return await change
 
+    async def _load_named_model(self, model: ModelConfig) -> ModelRuntime:
+        # A repository model's version is served as NAME.vN, a name a model may have too: loaded
+        # under it, one would replace the other.
+        if model.name in self._version_keys():
+            owner = next(n for n, keys in self.versions.items() if model.name in keys.values())
+            raise InvalidRequest(f"'{model.name}' is the name of a version of model '{owner}': rename the model")
+        return await self._load_model(model)
+
+    async def _unload_named_model(self, name: str, timeout_s: float) -> None:
+        if name in self._version_keys():  # unloaded with its model, not by the name it runs under
+            raise InvalidRequest(self.not_served(name, None), status=404)
+        await self._unload_model(name, timeout_s)
+
     async def _load_versions(self, name: str, models: dict[str, ModelConfig]) -> None:
+        own = set(self.versions.get(name, {}).values())
+        taken = sorted(m.name for m in models.values() if m.name in self.models and m.name not in own)
+        if taken:
+            raise InvalidRequest(f"model '{taken[0]}' is served: a version of '{name}' would take its name; rename one")
         if name in self.models or name in self.versions:
             await self._unload_model(name)
         loaded: dict[str, str] = {}
@@ -515,7 +536,7 @@ class Engine:
 
     def served_names(self) -> list[str]:
         """The names clients use: models (a versioned one once) and pipelines."""
-        versioned = {key for keys in self.versions.values() for key in keys.values()}
+        versioned = self._version_keys()
         models = {n for n in self.models if n not in versioned and n not in self.unloading}
         return sorted({*models, *self.versions, *self.pipelines})
 
@@ -542,7 +563,7 @@ class Engine:
         versions = self.versions.get(name)
         if versions is not None:
             key = versions.get(version) if version else versions[max(versions, key=int)]
-        elif version in (None, "1"):
+        elif version in (None, "1") and name not in self._version_keys():
             key = name
         else:
             return None
@@ -589,7 +610,7 @@ class Engine:
             return
         runtime = self.models.get(name)
         if runtime is None or name in self.unloading:
-            raise InvalidRequest(f"unknown model '{name}'; served models: {', '.join(sorted(self.models))}", status=404)
+            raise InvalidRequest(self.not_served(name, None), status=404)
         users = [p for p, pipeline in self.pipelines.items() if any(s.model == name for s in pipeline.graph.table.steps)]
         if users:
             raise InvalidRequest(f"model '{name}' is a step of pipeline(s) {', '.join(users)}: it cannot be unloaded")

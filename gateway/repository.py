@@ -138,7 +138,7 @@ async def load_from_repository(engine: Engine, name: str, override_text: object)
         model = current.config if current is not None else engine.file_models[name]
         table = {"path": str(model.path), "sla_ms": model.sla_ms, "max_batch_size": model.max_batch_size}
     else:
-        known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.models, *engine.file_models}))
+        known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.served_names(), *engine.file_models}))
         raise InvalidRequest(f"no model '{name}' in the repository ({engine.config.server.model_dir}); known: {known}", 404)
     from executors.lifecycle import ExecutorStartError
 

@@ -224,6 +224,37 @@ def test_versions_are_served_side_by_side_the_latest_by_default(repository):
     assert requests.post(f"{repository.base}/v2/models/duo/versions/1/infer", json=MLP_BODY, timeout=10).status_code == 404
 
 
+def test_a_versions_own_name_is_no_model_of_the_clients(repository, example_models):
+    """A version runs under NAME.vN, a name a model may have too: it was served as a model of its
+    own, unloading it broke its model, and a load under it (or of a model whose version took a
+    served model's name) replaced the other model."""
+    client = triton.InferenceServerClient(repository.url)
+    client.load_model("duo", headers=ADMIN)
+    clash = Path(repository.folder) / "duo.v1"
+    clash.mkdir()
+    shutil.copy(example_models / "mlp.onnx", clash / "mlp.onnx")
+    (clash / "config.toml").write_text('path = "mlp.onnx"\nsla_ms = 500\n')
+    try:
+        assert requests.get(f"{repository.base}/v2/models/duo.v2/ready", timeout=10).status_code == 404
+        unload = requests.post(f"{repository.base}/v2/repository/models/duo.v1/unload", headers=ADMIN, timeout=60)
+        assert unload.status_code == 404 and "unknown model 'duo.v1'" in unload.json()["error"]
+        assert client.is_model_ready("duo", "1")
+        load = requests.post(f"{repository.base}/v2/repository/models/duo.v1/load", headers=ADMIN, timeout=60)
+        assert load.status_code == 400
+        assert load.json()["error"] == "'duo.v1' is the name of a version of model 'duo': rename the model"
+        assert client.is_model_ready("duo", "1")
+        # The other way round: a model named duo.v1 is served, then duo's versions are asked for.
+        client.unload_model("duo", headers=ADMIN)
+        client.load_model("duo.v1", headers=ADMIN)
+        load = requests.post(f"{repository.base}/v2/repository/models/duo/load", headers=ADMIN, timeout=60)
+        assert load.status_code == 400, load.text
+        assert load.json()["error"] == "model 'duo.v1' is served: a version of 'duo' would take its name; rename one"
+        assert client.is_model_ready("duo.v1")
+        client.unload_model("duo.v1", headers=ADMIN)
+    finally:
+        shutil.rmtree(clash)
+
+
 def _served_by(gateway, model: str) -> list[dict]:
     described = requests.get(f"{gateway.base}/admin/models/{model}", headers=ADMIN, timeout=10).json()
     return described["executors"]
