@@ -9,6 +9,7 @@ every real batch (schedulers/profiles.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
 
@@ -45,10 +46,17 @@ def sample_inputs(signature: ModelSignature, rows: int) -> dict[str, np.ndarray]
     return inputs
 
 
-async def _median_ms(executor: SupervisedExecutor, model: str, inputs: dict[str, np.ndarray]) -> float:
+async def _median_ms(executor: SupervisedExecutor, model: str, inputs: dict[str, np.ndarray], hang_s: float) -> float:
     times = []
     for _ in range(RUNS):
-        _, compute_ms = await executor.infer(model, inputs)
+        # A run that never ends is a hung executor, as a request's batch would be: killed and
+        # replaced at hang_timeout_ms (else a load, or the start, waited for it for ever).
+        try:
+            _, compute_ms = await asyncio.wait_for(executor.infer(model, inputs), hang_s)
+        except TimeoutError:
+            rows = len(next(iter(inputs.values()))) if inputs else 1
+            executor.kill_hung(f"no reply to a profiling batch of {rows} within {hang_s:g} s (hang_timeout_ms)")
+            raise TimeoutError(f"no reply within {hang_s:g} s (hang_timeout_ms); the executor was killed") from None
         times.append(compute_ms)
     return statistics.median(times[1:])
 
@@ -57,11 +65,11 @@ async def profile_executor(
     executor: SupervisedExecutor, model: str, signature: ModelSignature, config: ModelConfig
 ) -> LatencyProfile:
     try:
-        single = await _median_ms(executor, model, sample_inputs(signature, 1))
+        single = await _median_ms(executor, model, sample_inputs(signature, 1), config.hang_timeout_s)
         large = min(LARGE_BATCH, config.max_batch_size) if signature.batchable else 1
         if large == 1:
             return LatencyProfile(per_item_ms=0.0, fixed_ms=single)
-        batch = await _median_ms(executor, model, sample_inputs(signature, large))
+        batch = await _median_ms(executor, model, sample_inputs(signature, large), config.hang_timeout_s)
     except Exception as error:
         log.warning(
             "model %s: profiling on %s failed (%s); the profile will learn from real batches", model, executor.device, error

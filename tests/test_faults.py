@@ -136,3 +136,49 @@ def test_an_executor_out_of_memory_is_killed_answered_and_replaced(tmp_path):
         wait_replaced(gateway.base, executor["pid"], struck, model="hog")
         assert "out of memory (over its limit of 300 MB, memory_mb)" in gateway.output()
         assert requests.post(url, json=body(10), timeout=30).status_code == 200
+
+
+def endless_model(path: Path) -> Path:
+    """x[N, 4] -> y[N, 4] through a Loop of 10^15 steps: a run that never ends."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["v_in"], ["v_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, ["N", 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, ["N", 4]),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["steps", "go", "x"], ["y"], body=body)],
+        "endless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor("steps", TensorProto.INT64, [], [10**15]), helper.make_tensor("go", TensorProto.BOOL, [], [True])],
+    )
+    return save_model(graph, path)
+
+
+def test_a_model_that_never_answers_its_profiling_run_neither_holds_the_start_nor_a_load(tmp_path):
+    """The start-up profiling and a load's had no hang timeout: the gateway never listened, and a
+    load never ended (holding every later load and unload behind it)."""
+    endless_model(tmp_path / "endless.onnx")
+    (tmp_path / "later").mkdir()
+    endless_model(tmp_path / "later" / "endless.onnx")
+    (tmp_path / "later" / "config.toml").write_text('path = "endless.onnx"\nsla_ms = 50\nhang_timeout_ms = 1000\n')
+    (tmp_path / "config.toml").write_text(
+        '[control]\npolicy = "fixed"\n'
+        '[models.endless]\npath = "endless.onnx"\nsla_ms = 50\nhang_timeout_ms = 1000\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        assert "no reply to a profiling batch of 1 within 1 s (hang_timeout_ms)" in gateway.output()
+        body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4}]}
+        answer = requests.post(f"{gateway.base}/v2/models/endless/infer", json=body, timeout=30)
+        assert answer.status_code == 503 and "hung" in answer.json()["error"]
+        loaded = requests.post(f"{gateway.base}/v2/repository/models/later/load", timeout=30)
+        assert loaded.status_code == 200, loaded.text
+        assert gateway.output().count("no reply to a profiling batch") == 2
