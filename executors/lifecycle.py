@@ -131,6 +131,9 @@ class SupervisedExecutor(abc.ABC):
 
     async def _on_ready(self) -> None:
         """The executor said hello: put it under the actuator and give it its cores."""
+        self._attach()
+
+    def _attach(self) -> None:
         if self.actuator is not None and self.pid is not None:
             try:
                 self.actuator.attach(self.id, self.pid)

@@ -168,10 +168,27 @@ class ControlLoop:
         self.supervisor.replace(name, controller, demand, self.clock(), min_cores=floor_cores(controller, model))
         self._apply(self.supervisor.grant())
 
-    def add_model(self, model: ModelConfig) -> None:
+    def set_aside(self, cores: float) -> float:
+        """Keep ``cores`` (at most what CPU executors may have) out of the arbitration, the other
+        models' grants fitted at once: a model being loaded starts and is profiled on them before
+        it joins (``add_model``). Started on its configured cores beside grants that filled the
+        node, it took the node past its cores until then. The cores set aside."""
+        cores = min(cores, max(0.0, self.supervisor.node_cores - self.supervisor.reserved_cores))
+        self.supervisor.reserved_cores += cores
+        self._apply(self.supervisor.grant())
+        return cores
+
+    def give_back(self, cores: float) -> None:
+        """The cores of ``set_aside``, back to the arbitration (the load failed)."""
+        self.supervisor.reserved_cores -= cores
+        self._apply(self.supervisor.grant())
+
+    def add_model(self, model: ModelConfig, set_aside: float = 0.0) -> None:
         """A model loaded at run time: its controller joins the node's arbitration at once (the
-        caller has put it in the config's models)."""
+        caller has put it in the config's models), with the cores set aside for it."""
+        self.supervisor.reserved_cores -= set_aside
         if model.cpu is None:
+            self._apply(self.supervisor.grant())
             return
         self.models[model.name] = model
         controller = self._controller(model)

@@ -584,11 +584,16 @@ class Engine:
         self.executors[executor.id] = executor
         self.core.add_executor(executor.id, CPU, model.name)
         runtime.executors.append(executor)
+        # Its cores come out of the other models' grants before it starts: the node's grants
+        # never add up past its cores while it starts and is profiled.
+        aside = self.control.set_aside(model.cpu.cores)
+        executor.cores = aside or model.cpu.cores
         try:
             await executor.start()
             runtime.signature = _servable(model.name, executor.signatures[model.name])
             await self._profile_model(runtime)
         except BaseException:
+            self.control.give_back(aside)
             await executor.stop()
             self.executors.pop(executor.id, None)
             self.core.executors.pop(executor.id, None)
@@ -598,7 +603,7 @@ class Engine:
         self.config.models[model.name] = model
         self.models[model.name] = runtime
         self.metrics.sla_seconds.labels(model.name).set(model.sla_ms / 1000)
-        self.control.add_model(model)
+        self.control.add_model(model, set_aside=aside)
         self._carry_out(self.core.set_executor_ready(executor.id, executor.ready, now), model.name)
         log.info("model %s: loaded (executor %s, pid %s)", model.name, executor.id, executor.pid)
         return runtime

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import psutil
 import pytest
 import requests
 from onnx import TensorProto, helper
@@ -182,3 +183,59 @@ def test_a_model_that_never_answers_its_profiling_run_neither_holds_the_start_no
         loaded = requests.post(f"{gateway.base}/v2/repository/models/later/load", timeout=30)
         assert loaded.status_code == 200, loaded.text
         assert gateway.output().count("no reply to a profiling batch") == 2
+
+
+def heavy_model(path: Path) -> Path:
+    """x[N, 256] -> y[N, 256] through four 2048-wide layers: 54 MB of weights, loaded at start."""
+    rng = np.random.default_rng(0)
+    dims = [256, 2048, 2048, 2048, 2048, 256]
+    weights = []
+    for i, (rows, columns) in enumerate(zip(dims, dims[1:], strict=False)):
+        array = (rng.standard_normal((rows, columns)) / np.sqrt(rows)).astype(np.float32)
+        weights.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, [rows, columns], array.tobytes(), raw=True))
+    names = ["x", *[f"h{i}" for i in range(len(weights) - 1)], "y"]
+    nodes = [helper.make_node("MatMul", [names[i], f"w{i}"], [names[i + 1]]) for i in range(len(weights))]
+    graph = helper.make_graph(
+        nodes,
+        "heavy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 256])],
+        weights,
+    )
+    return save_model(graph, path)
+
+
+def test_an_executor_is_under_its_cores_and_memory_limit_before_it_loads_its_model(tmp_path):
+    """It was moved into its groups at its hello: its start ran under no quota (on every restart
+    too), and its model's weights were never charged to memory_mb."""
+    reason = memory_cgroup_reason()
+    if reason:
+        pytest.skip(reason)
+    heavy_model(tmp_path / "heavy.onnx")
+    (tmp_path / "config.toml").write_text(
+        '[control]\npolicy = "fixed"\n'
+        '[models.heavy]\npath = "heavy.onnx"\nsla_ms = 1000\ncpu = { cores = 0.3, threads = 1, memory_mb = 400 }\n'
+    )
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        old = gateway.executor_pid("heavy")
+        os.kill(old, signal.SIGKILL)
+        seen = None
+        deadline = time.monotonic() + 10
+        while seen is None and time.monotonic() < deadline:
+            for child in psutil.Process(gateway.process.pid).children():
+                # A replacement that has run for 50 ms and not yet said hello (the model loads).
+                if child.pid != old and time.time() - child.create_time() > 0.05:
+                    (executor,) = gateway.admin("heavy")["executors"]
+                    if executor["state"] != "ready":
+                        seen = Path(f"/proc/{child.pid}/cgroup").read_text()
+            time.sleep(0.01)
+        assert seen is not None, "no replacement seen starting"
+        groups = dict(line.split(":", 2)[1:] for line in seen.splitlines())
+        cpu = next(path for controllers, path in groups.items() if "cpu" in controllers.split(","))
+        memory = groups["memory"]
+        assert cpu.endswith("/cpu-heavy") and memory.endswith("/cpu-heavy"), seen
+    # Charged from its start, the weights take an executor over a limit below them: it cannot start.
+    config = tmp_path / "config.toml"
+    config.write_text(config.read_text().replace("memory_mb = 400", "memory_mb = 40"))
+    with pytest.raises(RuntimeError, match=r"out of memory \(over its limit of 40 MB, memory_mb\)"), run_gateway(config):
+        pass

@@ -313,6 +313,46 @@ def test_an_unload_its_client_leaves_still_ends_and_leaves_no_cpu_group(reposito
     requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
 
 
+def _granted_cores(gateway) -> float:
+    """The cores the executors' CPU groups allow at this moment, summed (cgroup v1)."""
+    total = 0.0
+    for group in Path("/sys/fs/cgroup/cpu").glob(f"gateway-{gateway.process.pid}/*/"):
+        quota = int((group / "cpu.cfs_quota_us").read_text())
+        if quota > 0:
+            total += quota / int((group / "cpu.cfs_period_us").read_text())
+    return total
+
+
+def test_a_model_loaded_beside_grants_that_fill_the_node_takes_its_cores_from_them(repository):
+    """It started on its configured cores before the node was refitted: 3.5 cores of quota on a
+    node of 2 while it was profiled (and none at all before its hello)."""
+    if not Path("/sys/fs/cgroup/cpu").is_dir():
+        pytest.skip("no cgroup v1 cpu hierarchy here")
+    pin = requests.put(f"{repository.base}/admin/models/mlp/cores", json={"cores": 2.0}, headers=ADMIN, timeout=10)
+    assert pin.status_code == 200, pin.text
+    assert _granted_cores(repository) == pytest.approx(2.0, abs=0.01)
+    samples: list[float] = []
+    loading = threading.Event()
+
+    def sample() -> None:
+        while not loading.is_set():
+            samples.append(_granted_cores(repository))
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        override = {"parameters": {"config": json.dumps({"cpu": {"cores": 1.5, "threads": 1}})}}
+        loaded = requests.post(f"{repository.base}/v2/repository/models/small/load", json=override, headers=ADMIN, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+    finally:
+        loading.set()
+        sampler.join()
+    assert len(samples) > 20 and max(samples) <= 2.0 + 0.01, max(samples)
+    requests.put(f"{repository.base}/admin/models/mlp/cores", json={"cores": None}, headers=ADMIN, timeout=10).raise_for_status()
+    requests.post(f"{repository.base}/v2/repository/models/small/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
 def test_an_unloaded_model_leaves_no_series_on_metrics(repository):
     """Its gauges went on showing the cores and SLA of executors that had stopped."""
     requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
