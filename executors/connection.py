@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from executors.wire import PREFIX, ProtocolViolation, encode_frame, pack_tensors, parse_prefix, shares_clock, unpack_tensors
+from executors.wire import (
+    MAX_FRAME_BYTES,
+    PREFIX,
+    ProtocolViolation,
+    encode_frame,
+    pack_tensors,
+    parse_prefix,
+    shares_clock,
+    unpack_tensors,
+)
 
 log = logging.getLogger("executors")
 
@@ -36,8 +45,9 @@ class BatchLate(RuntimeError):
         self.late_ms = late_ms
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
-    header_length, payload_length = parse_prefix(await reader.readexactly(PREFIX.size))
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES) -> tuple[dict[str, Any], bytes]:
+    """One frame; FrameTooLarge, before its bytes are read, where its prefix announces over ``limit``."""
+    header_length, payload_length = parse_prefix(await reader.readexactly(PREFIX.size), limit)
     head = await reader.readexactly(header_length)
     payload = await reader.readexactly(payload_length) if payload_length else b""
     return json.loads(head), payload

@@ -99,10 +99,18 @@ def unpack_tensors(descriptions: list[dict[str, Any]], payload: bytes | memoryvi
     return tensors
 
 
-def parse_prefix(prefix: bytes) -> tuple[int, int]:
+class FrameTooLarge(ProtocolViolation):
+    """A frame's prefix announces more bytes than the reader takes: refused before they are read."""
+
+    def __init__(self, prefix: bytes, size: int, limit: int):
+        super().__init__(f"frame of {size} bytes is over the limit of {limit}")
+        self.prefix, self.size, self.limit = prefix, size, limit
+
+
+def parse_prefix(prefix: bytes, limit: int = MAX_FRAME_BYTES) -> tuple[int, int]:
     header_length, payload_length = PREFIX.unpack(prefix)
-    if header_length + payload_length > MAX_FRAME_BYTES:
-        raise ProtocolViolation(f"frame of {header_length + payload_length} bytes is over the limit")
+    if header_length + payload_length > limit:
+        raise FrameTooLarge(prefix, header_length + payload_length, limit)
     return header_length, payload_length
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import subprocess
 import threading
 import time
@@ -21,6 +22,8 @@ import requests
 import tritonclient.http as triton
 
 from executors.limits import unavailable_reason
+from executors.wire import PREFIX
+from gateway.cluster.worker import HELLO_TIMEOUT_S
 from tests.cluster import (
     EXAMPLE_MODELS,
     TOKEN,
@@ -238,6 +241,64 @@ def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path)
                 assert after and all(a[2] == 200 and a[3].startswith(second) for a in after)
             # Drained, not cut: nothing failed.
             assert {a[2] for a in load.answers} == {200}, [a for a in load.answers if a[2] != 200][:3]
+
+
+def test_a_worker_that_leaves_the_dns_and_comes_back_is_used_again(tmp_path: Path):
+    with make_hosts(2) as hosts, TestDnsServer() as dns:
+        name = "gateway-workers.gateway.svc.cluster.local"
+        both = [hosts.address(0), hosts.address(1)]
+        dns.set(name, both)
+        config = cluster_config(
+            tmp_path / "cluster.toml",
+            f"dns:{name}:{WORKER_PORT}",
+            MLP,
+            server={"request_timeout_ms": REQUEST_TIMEOUT_MS},
+            cluster={"dns_server": dns.address, "resolve_interval_s": 0.3},
+        )
+        with workers_on(hosts, 2, config) as nodes, dispatcher(config) as gateway:
+            first, second = nodes[0].endpoint, nodes[1].endpoint
+            with Load([gateway.base]) as load:
+                wait_for(lambda: len(workers_answering(load.answers)) == 2, 20, "both workers used")
+                # One pod leaves (drained and let go) and comes back at the same address.
+                dns.set(name, [hosts.address(1)])
+                wait_for(lambda: {w["address"] for w in cluster_state(gateway)["workers"]} == {second}, 15, "first let go")
+                dns.set(name, both)
+                wait_for(lambda: connected(gateway) == {first, second}, 15, "the first worker back")
+                back_at = time.monotonic()
+                wait_for(lambda: first in workers_answering(load.since(back_at)), 10, "requests on the returning worker")
+                # Every pod leaves and comes back: the dispatcher serves again.
+                dns.set(name, [])
+                wait_for(lambda: cluster_state(gateway)["workers"] == [], 15, "every worker let go")
+                dns.set(name, both)
+                wait_for(lambda: connected(gateway) == {first, second}, 15, "both workers back")
+                back_at = time.monotonic()
+                wait_for(lambda: workers_answering(load.since(back_at)) == {first, second}, 10, "requests on both again")
+            assert requests.get(gateway.base + "/v2/health/ready", timeout=5).status_code == 200
+            # Without workers, requests may only wait (and time out): none failed otherwise.
+            assert {a[2] for a in load.answers} <= {200, 504}, collections.Counter(a[2] for a in load.answers)
+
+
+async def test_a_hello_announcing_a_huge_frame_is_closed_unread(tmp_path: Path):
+    with make_hosts(1) as hosts:
+        address = hosts.address(0)
+        config = cluster_config(tmp_path / "cluster.toml", [f"{address}:{WORKER_PORT}"], MLP)
+        with workers_on(hosts, 1, config) as nodes, dispatcher(config) as gateway:
+            reader, writer = await asyncio.open_connection(address, WORKER_PORT)
+            # Before any token: a prefix announcing a 2 GiB hello, then bytes, as a stranger could.
+            writer.write(PREFIX.pack((1 << 31) - 16, 0) + b"x" * 65536)
+            sent = time.monotonic()
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+                # Closed at once, not when the hello's time runs out with its bytes buffered.
+                assert await asyncio.wait_for(reader.read(), HELLO_TIMEOUT_S / 5) == b""
+            assert time.monotonic() - sent < HELLO_TIMEOUT_S / 5
+            writer.close()
+            wait_for(lambda: "unread: its hello announced 2147483632 bytes" in nodes[0].output(), 5, "the worker says why")
+            # The worker goes on serving its dispatcher.
+            client = triton.InferenceServerClient(gateway.url)
+            name, array, output = _input_for(client, "mlp", np.random.default_rng(4))
+            assert _infer(client, "mlp", name, array, output)[1] == f"{nodes[0].endpoint}/cpu-mlp"
+            assert nodes[0].state()["dispatchers"] == 1
 
 
 async def test_the_gpu_scheduler_sees_every_gpu_of_every_worker(tmp_path: Path):

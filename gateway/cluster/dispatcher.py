@@ -60,7 +60,10 @@ class Cluster:
         self.replicas: dict[str, int | None] = {name: m.replicas for name, m in config.models.items() if m.cpu is not None}
         self.placed: dict[str, list[str]] = {name: [] for name in self.replicas}
         self.links: dict[str, WorkerLink] = {}
-        self._known: set[str] = set()
+        # Every executor handed to the engine, by id. The engine keeps them for good (it has no
+        # way to forget one), so a worker that comes back gets these objects again, bound to its
+        # new link: new objects of the same ids would never reach the engine.
+        self._handed: dict[str, RemoteExecutor] = {}
         self._drains: set[asyncio.Task[None]] = set()
         workers = self.config.workers
         self.discovery = Discovery(
@@ -133,12 +136,10 @@ class Cluster:
                 on_change=self._on_link_change,
                 tls=self.tls,
             )
-            # A draining link of the same address is replaced: its executors' ids are reused
-            # by the new link's, which the engine already knows.
-            old = self.links.get(address)
+            # A worker back at an address seen before (its old link draining, or drained and
+            # let go) serves through the executors the engine already holds for it.
+            self._adopt(address, link)
             self.links[address] = link
-            if old is not None:
-                self._adopt(old, link)
             link.start()
         for address in vanished:
             link = self.links.get(address)
@@ -154,17 +155,21 @@ class Cluster:
             del self.links[link.address]
         self._place()
 
-    @staticmethod
-    def _adopt(old: WorkerLink, new: WorkerLink) -> None:
-        """Keep the executor objects (the engine holds them) across a worker's return."""
-        for local_id, executor in old.executors.items():
-            executor.link = new
-            new.executors[local_id] = executor
+    def _adopt(self, address: str, link: WorkerLink) -> None:
+        """Bind the executors handed to the engine for ``address`` to its new ``link``: the
+        engine routes through those objects, whatever link they were made by."""
+        for executor in self._handed.values():
+            if executor.link.address == address:
+                executor.link = link
+                # Ready again only once the worker's hello lists it: a worker that comes back
+                # with another config may no longer run it.
+                executor.worker_state = "new"
+                link.executors[executor.local_id] = executor
 
     def _on_link_change(self, link: WorkerLink, executors: list[RemoteExecutor]) -> None:
         for executor in executors:
-            if executor.id not in self._known:
-                self._known.add(executor.id)
+            if executor.id not in self._handed:
+                self._handed[executor.id] = executor
                 self.on_executor(executor)
         self._place(also=executors)
 

@@ -43,6 +43,12 @@ class WorkerRefused(RuntimeError):
     """The worker refused this dispatcher (a wrong token): retrying will not help."""
 
 
+def describe(error: BaseException) -> str:
+    """An error for a log line: its message, or its type where it has none (a TimeoutError's
+    is empty)."""
+    return str(error) or type(error).__name__
+
+
 class RemoteExecutor:
     """One executor of a worker, as the engine uses its own (see ``SupervisedExecutor``)."""
 
@@ -216,22 +222,61 @@ class WorkerLink:
                 log.error("worker %s refused this dispatcher: %s", self.address, error)
                 delay = RECONNECT_DELAY_MAX_S * 5  # a token is fixed by an operator, not by retrying
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolViolation, ValueError, KeyError) as error:
-                if self.last_error != str(error):
-                    log.warning("worker %s: %s", self.address, error or type(error).__name__)
-                self.last_error = str(error) or type(error).__name__
+                self._connect_failed(describe(error))
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_MAX_S)
 
-    async def _session(self) -> None:
+    def _connect_failed(self, message: str) -> None:
+        """Log a failure to connect once, not at every retry: again only when it changes or
+        after the worker was reached (a success clears ``last_error``)."""
+        if message != self.last_error:
+            log.warning("worker %s: %s", self.address, message)
+        self.last_error = message
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the worker, over TLS where this dispatcher has a CA. The TCP connect
+        and the TLS handshake are timed apart, so that a failure says which of them failed."""
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
-        # With TLS the worker's certificate must name the host or address dialled.
-        tls = {"ssl": self.tls, "server_hostname": host} if self.tls is not None else {}
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), **tls), CONNECT_TIMEOUT_S)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"no TCP connection within {CONNECT_TIMEOUT_S:g} s") from None
+        if self.tls is None:
+            return reader, writer
+        try:
+            # The worker's certificate must name the host or address dialled.
+            await asyncio.wait_for(writer.start_tls(self.tls, server_hostname=host), CONNECT_TIMEOUT_S)
+        except ssl.SSLCertVerificationError:
+            writer.close()
+            raise  # its message says what is wrong with the certificate
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
+            writer.close()
+            # A worker without TLS takes the ClientHello for a huge hello: it closes the connection
+            # (a worker older than its hello cap waits for the rest: the handshake times out).
+            raise ConnectionError(
+                f"the TLS handshake did not complete ({describe(error)}): the worker may not serve TLS "
+                "(one without [worker] tls_cert speaks plain TCP)"
+            ) from error
+        return reader, writer
+
+    async def _read_hello(self, reader: asyncio.StreamReader) -> dict[str, Any]:
+        try:
+            hello, _ = await asyncio.wait_for(read_frame(reader), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"no hello from the worker within {CONNECT_TIMEOUT_S:g} s") from None
+        except (asyncio.IncompleteReadError, ConnectionResetError) as error:
+            # A TLS worker drops a plain connection in its handshake, before a word of the protocol.
+            hint = ": it may expect TLS (a worker with [worker] tls_cert needs [cluster] tls_ca here)" if self.tls is None else ""
+            raise ConnectionError(f"the worker closed the connection during the hello{hint}") from error
+        return hello
+
+    async def _session(self) -> None:
+        reader, writer = await self._connect()
         try:
             writer.writelines(encode_frame({"kind": "hello", "token": self.token, "dispatcher": self.dispatcher}))
             await writer.drain()
-            hello, _ = await asyncio.wait_for(read_frame(reader), CONNECT_TIMEOUT_S)
+            hello = await self._read_hello(reader)
             received = time.perf_counter()
             if hello.get("kind") == "refused":
                 raise WorkerRefused(str(hello.get("message", "refused")))

@@ -49,7 +49,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from executors.connection import BatchLate, ExecutorFailed, ModelError, read_frame
 from executors.lifecycle import SupervisedExecutor, cpu_seconds_since
 from executors.sockets import socket_folder
-from executors.wire import encode_frame, pack_tensors, unpack_tensors
+from executors.wire import FrameTooLarge, ProtocolViolation, encode_frame, pack_tensors, unpack_tensors
+from gateway.cluster.link import describe
 from gateway.cluster.tls import server_context
 from gateway.config import GatewayConfig, worker_token_error
 from gateway.control import ControlLoop
@@ -62,6 +63,34 @@ log = logging.getLogger("gateway.worker")
 # The hello of a dispatcher must come this soon after its connect: a port scanner or a peer
 # speaking another protocol is dropped rather than held.
 HELLO_TIMEOUT_S = 5.0
+# The hello is read before the token is checked, so it may not be as large as the protocol's
+# other frames (executors/wire.py's MAX_FRAME_BYTES, 2 GiB): a stranger announcing a huge one
+# would have the worker buffer whatever it sends. A real hello is a token and a dispatcher's
+# name: 123 bytes, prefix included, with a 64-character token and "host-pid" (measured); this
+# leaves room for long tokens and names.
+MAX_HELLO_BYTES = 16 * 1024
+# The first bytes of a TLS ClientHello record (content type 22, version 3.x).
+TLS_RECORD_START = b"\x16\x03"
+
+
+class HelloTooLarge(ProtocolViolation):
+    """A peer announced a hello over MAX_HELLO_BYTES: closed without reading it."""
+
+
+async def read_hello(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """A dispatcher's hello frame, refused unread when its prefix announces more than
+    MAX_HELLO_BYTES."""
+    try:
+        header, _ = await read_frame(reader, MAX_HELLO_BYTES)
+    except FrameTooLarge as error:
+        tls = " (its first bytes are a TLS handshake: the dispatcher speaks TLS, this worker does not)"
+        raise HelloTooLarge(
+            f"its hello announced {error.size} bytes, over the {MAX_HELLO_BYTES} a hello may have"
+            + (tls if error.prefix.startswith(TLS_RECORD_START) else "")
+        ) from None
+    if not isinstance(header, dict):
+        raise ProtocolViolation(f"its hello is a JSON {type(header).__name__}, not an object")
+    return header
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -239,9 +268,13 @@ class WorkerNode:
     async def _serve_dispatcher(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         try:
-            header, _ = await asyncio.wait_for(read_frame(reader), HELLO_TIMEOUT_S)
+            header = await asyncio.wait_for(read_hello(reader), HELLO_TIMEOUT_S)
+        except HelloTooLarge as error:
+            log.warning("worker %s: closed the connection from %s unread: %s", self.name, peer, error)
+            writer.close()
+            return
         except Exception as error:
-            log.warning("worker %s: connection from %s sent no hello: %s", self.name, peer, error)
+            log.warning("worker %s: connection from %s sent no hello: %s", self.name, peer, describe(error))
             writer.close()
             return
         token = str(header.get("token", "")).encode()
@@ -257,13 +290,14 @@ class WorkerNode:
         session = next(self._session_ids)
         self.sessions[session] = writer
         self._dispatchers.set(len(self.sessions))
-        log.info("worker %s: dispatcher %s connected from %s", self.name, header.get("dispatcher"), peer)
+        dispatcher = header.get("dispatcher")
+        log.info("worker %s: dispatcher %s connected from %s", self.name, dispatcher, peer)
         writer.writelines(encode_frame(self.hello()))
         try:
             while True:
-                header, payload = await read_frame(reader)
-                if header.get("kind") == "infer":
-                    task = asyncio.create_task(self._infer(session, writer, header, payload))
+                frame, payload = await read_frame(reader)
+                if frame.get("kind") == "infer":
+                    task = asyncio.create_task(self._infer(session, writer, frame, payload))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -274,7 +308,7 @@ class WorkerNode:
             self.sessions.pop(session, None)
             self._dispatchers.set(len(self.sessions))
             writer.close()
-            log.info("worker %s: dispatcher %s disconnected", self.name, header.get("dispatcher"))
+            log.info("worker %s: dispatcher %s disconnected", self.name, dispatcher)
 
     async def _infer(self, session: int, writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes) -> None:
         request_id, model = header.get("id"), str(header.get("model"))

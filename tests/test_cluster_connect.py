@@ -1,0 +1,137 @@
+"""A dispatcher meeting a worker, without the processes: the worker's cap on a hello read before
+its token is checked (gateway/cluster/worker.py), and what a dispatcher's link says when it cannot
+connect (gateway/cluster/link.py): once, naming the error, with a hint where TLS is on one end only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from executors.wire import PREFIX, encode_frame
+from gateway.cluster import link as link_module
+from gateway.cluster.link import WorkerLink
+from gateway.cluster.worker import MAX_HELLO_BYTES, HelloTooLarge, read_hello
+
+# Short enough that a test sees several retries within a second or two.
+CONNECT_TIMEOUT_S = 0.2
+RETRIES_WITHIN_S = 1.5
+
+
+def _reader_with(data: bytes) -> asyncio.StreamReader:
+    """A stream holding ``data`` and no end: a read past it would wait forever."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    return reader
+
+
+async def test_a_real_hello_is_read() -> None:
+    frame = b"".join(encode_frame({"kind": "hello", "token": "t" * 64, "dispatcher": "host-1234"}))
+    assert len(frame) < MAX_HELLO_BYTES / 50  # the cap leaves a wide margin
+    assert await read_hello(_reader_with(frame)) == {"kind": "hello", "token": "t" * 64, "dispatcher": "host-1234"}
+
+
+async def test_a_hello_over_the_cap_is_refused_unread() -> None:
+    # Only the prefix has arrived: refused from it alone, without waiting for the 2 GiB.
+    with pytest.raises(HelloTooLarge, match=f"announced 2147483632 bytes, over the {MAX_HELLO_BYTES}"):
+        await asyncio.wait_for(read_hello(_reader_with(PREFIX.pack((1 << 31) - 16, 0))), 1.0)
+    with pytest.raises(HelloTooLarge, match="announced"):
+        await asyncio.wait_for(read_hello(_reader_with(PREFIX.pack(16, MAX_HELLO_BYTES))), 1.0)
+
+
+async def test_a_tls_client_hello_is_named_as_such() -> None:
+    # A dispatcher with tls_ca sends a ClientHello record (22, TLS 1.0's version, its length),
+    # which reads as a prefix of tens of megabytes.
+    with pytest.raises(HelloTooLarge, match="TLS handshake: the dispatcher speaks TLS, this worker does not"):
+        await asyncio.wait_for(read_hello(_reader_with(bytes.fromhex("1603010200010001fc03"))), 1.0)
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A peer that reads and never answers (a worker without TLS reading a ClientHello)."""
+    await reader.read()
+    writer.close()
+
+
+async def _hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A peer that closes at once (a TLS worker meeting a plain dispatcher)."""
+    writer.close()
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(link_module, "CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S)
+    monkeypatch.setattr(link_module, "RECONNECT_DELAY_S", 0.02)
+    monkeypatch.setattr(link_module, "RECONNECT_DELAY_MAX_S", 0.05)
+
+
+@contextlib.asynccontextmanager
+async def _server(handler: Handler) -> AsyncIterator[tuple[str, list[asyncio.StreamWriter]]]:
+    """A listener on 127.0.0.1 and a free port serving ``handler``; its address and its
+    connections' writers."""
+    connections: list[asyncio.StreamWriter] = []
+    handlers: list[asyncio.Task[None]] = []
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
+        await handler(reader, writer)
+
+    server = await asyncio.start_server(counted, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}", connections
+    finally:
+        server.close()
+        for writer in connections:
+            writer.close()
+        await asyncio.gather(*handlers, return_exceptions=True)  # none left for the loop's end
+
+
+@pytest.mark.usefixtures("quick_retries")
+@pytest.mark.parametrize(
+    ("handler", "tls", "message"),
+    [
+        (_silent, False, f"no hello from the worker within {CONNECT_TIMEOUT_S:g} s"),
+        (
+            _silent,
+            True,
+            "the TLS handshake did not complete (TimeoutError): the worker may not serve TLS "
+            "(one without [worker] tls_cert speaks plain TCP)",
+        ),
+        (
+            _hangs_up,
+            False,
+            "the worker closed the connection during the hello: it may expect TLS "
+            "(a worker with [worker] tls_cert needs [cluster] tls_ca here)",
+        ),
+    ],
+    ids=["no-hello", "tls-to-plain", "plain-to-tls"],
+)
+async def test_a_failure_to_connect_is_logged_once_and_named(
+    handler: Handler, tls: bool, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with _server(handler) as (address, connections):
+        link = WorkerLink(
+            address,
+            "a-token-of-sixteen+",
+            "test",
+            heartbeat_timeout_s=1.0,
+            on_change=lambda link, executors: None,
+            tls=ssl.create_default_context() if tls else None,
+        )
+        with caplog.at_level(logging.WARNING, logger="gateway.cluster"):
+            link.start()
+            await asyncio.sleep(RETRIES_WITHIN_S)
+            await link.stop()
+        assert len(connections) >= 3  # it kept retrying
+        warnings = [r.getMessage() for r in caplog.records if r.name == "gateway.cluster" and r.levelno == logging.WARNING]
+        assert warnings == [f"worker {address}: {message}"]
+        assert link.last_error == message
