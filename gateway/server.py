@@ -630,7 +630,15 @@ def run(config: GatewayConfig) -> None:
 async def serve(config: GatewayConfig) -> None:
     """Start the executors, then the HTTP server; run until SIGINT or SIGTERM."""
     engine = Engine(config, GatewayMetrics())
-    await engine.start()
+    loop = asyncio.get_running_loop()
+    # Signals are heard from the first moment: one during the start stops what has started
+    # (executors, their groups, the socket folder) where it killed the process with them left.
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if not await _start_unless_stopped(engine, stop):
+        log.info("stopped while starting")
+        return
     tracer = start_tracing(config.tracing)
     app = build_app(engine, tracer)
     # What start-up made (modules, models, metrics: 74,000 objects) lives as long as the gateway:
@@ -647,7 +655,6 @@ async def serve(config: GatewayConfig) -> None:
         app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=HANDLER_SHUTDOWN_S
     )
     await runner.setup()
-    loop = asyncio.get_running_loop()
     try:
         connections, listener = await listen(runner, config)
     except OSError as error:
@@ -671,9 +678,6 @@ async def serve(config: GatewayConfig) -> None:
             await engine.stop()
             raise SystemExit(f"cannot listen on {config.server.host}:{config.server.grpc_port} (gRPC): {error}") from None
         log.info("serving KServe v2 gRPC on %s:%d", config.server.host, config.server.grpc_port)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     stop.clear()
     # Drain: readiness goes false and new requests are answered 503 while the accepted ones
@@ -701,6 +705,22 @@ async def serve(config: GatewayConfig) -> None:
     await runner.cleanup()
     if tracer is not None:
         tracer.shutdown()
+
+
+async def _start_unless_stopped(engine: Engine, stop: asyncio.Event) -> bool:
+    """Start ``engine``; where ``stop`` is set first, stop what has started instead: False."""
+    starting = asyncio.ensure_future(engine.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if starting.done():
+        starting.result()  # a start that failed raises, as it did
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await starting
+    await engine.stop()
+    return False
 
 
 async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connections, asyncio.Server]:

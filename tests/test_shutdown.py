@@ -6,8 +6,12 @@ import asyncio
 import http.client
 import json
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -181,3 +185,27 @@ def test_grpc_calls_left_at_the_drains_end_are_answered_shutting_down(tmp_path):
         assert {e.removeprefix("StatusCode.UNAVAILABLE ") for e in errors} <= ends, sorted(set(errors))
         assert sum("shutting down" in e for e in errors) >= len(errors) - 1
         assert "client_gone" not in gateway.output()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_start_stops_what_has_started_and_exits_0(tmp_path, sig):
+    """The handlers were set once serving: a signal while the executors started killed the
+    process by it (status -15, or a traceback for SIGINT), leaving its groups and socket folder."""
+    from tests.helpers import ROOT, free_port
+
+    if not Path("/sys/fs/cgroup/cpu").is_dir():
+        pytest.skip("no cgroup v1 cpu hierarchy here")
+    config = busy_config(tmp_path, sla_ms=100, max_batch_size=1, cores=0.5)
+    command = [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(free_port())]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    group = Path(f"/sys/fs/cgroup/cpu/gateway-{process.pid}")
+    deadline = time.monotonic() + 30
+    while not group.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert group.exists(), "the executors' group never appeared"
+    process.send_signal(sig)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert "stopped while starting" in output and "Traceback" not in output, output
+    assert not group.exists() and not Path(f"/sys/fs/cgroup/memory/gateway-{process.pid}").exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"gateway-{process.pid}-*"))
