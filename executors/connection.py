@@ -146,6 +146,13 @@ class ExecutorConnection:
             self.cpu_s = float(answer["cpu_s"])
         return unpack_tensors(answer["tensors"], payload), float(answer["compute_ms"])
 
+    def send(self, header: dict[str, Any]) -> None:
+        """A frame that answers nothing (a worker's SLA from its dispatcher); dropped where the
+        connection has ended, as its next hello carries what it would have said."""
+        if not self.closed.done():
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._writer.writelines(encode_frame(header))
+
     def fail_all(self, reason: str) -> None:
         """Fail every request in flight at once (the executor is gone) and close."""
         if not self.closed.done():

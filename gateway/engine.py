@@ -777,6 +777,8 @@ class Engine:
         runtime.sla_ms = sla_ms
         if runtime.name in self.core.models:
             self.core.set_sla(runtime.name, sla_ms)
+        if self.cluster is not None:
+            self.cluster.set_sla(runtime.name, sla_ms)
         self.metrics.sla_seconds.labels(runtime.name).set(sla_ms / 1000)
         log.info("model %s: SLA set to %g ms", runtime.name, sla_ms)
 

@@ -215,6 +215,28 @@ def test_a_worker_cut_off_is_noticed_by_its_silence_and_taken_back(tmp_path: Pat
             assert noticed_at - cut_at < 2.0 + 1.5
 
 
+def test_an_sla_set_on_the_dispatcher_reaches_every_workers_controller(tmp_path: Path):
+    """The workers' controllers regulate the cores: they kept the config's SLA when the admin API
+    changed it on the dispatcher. A worker that connects later is told in the hello."""
+    with make_hosts(2) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        config = cluster_config(tmp_path / "cluster.toml", workers, MLP, policy="feedforward")
+        with workers_on(hosts, 2, config) as nodes, dispatcher(config) as gateway:
+            configured = nodes[0].state()["models"]["mlp"]["sla_ms"]
+            changed = requests.put(gateway.base + "/admin/models/mlp/sla", json={"sla_ms": 77}, timeout=5)
+            assert changed.status_code == 200, changed.text
+            for node in nodes:
+                wait_for(lambda n=node: n.state()["models"]["mlp"]["sla_ms"] == 77, 5, "the SLA on the worker")
+            assert configured != 77
+            nodes[1].kill()
+            nodes[1].start()
+            nodes[1].wait_ready()
+            wait_for(lambda: nodes[1].endpoint in connected(gateway), 15, "the restarted worker taken back")
+            # A new process starts from the config's SLA, then hears the dispatcher's in the hello.
+            wait_for(lambda: nodes[1].state()["models"]["mlp"]["sla_ms"] == 77, 5, "the SLA told in the hello")
+            assert "model mlp: SLA set to 77 ms by dispatcher" in nodes[1].output()
+
+
 def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path):
     with make_hosts(2) as hosts, TestDnsServer() as dns:
         name = "gateway-workers.gateway.svc.cluster.local"

@@ -65,6 +65,8 @@ class Cluster:
         # new link: new objects of the same ids would never reach the engine.
         self._handed: dict[str, RemoteExecutor] = {}
         self._drains: set[asyncio.Task[None]] = set()
+        #: SLAs set through the admin API, by model: each worker's controllers hold them too.
+        self.sla_ms: dict[str, float] = {}
         workers = self.config.workers
         self.discovery = Discovery(
             parse_workers(workers if isinstance(workers, str) else list(workers)),
@@ -135,6 +137,7 @@ class Cluster:
                 heartbeat_timeout_s=self.config.heartbeat_timeout_s,
                 on_change=self._on_link_change,
                 tls=self.tls,
+                sla_ms=lambda: dict(self.sla_ms),
             )
             # A worker back at an address seen before (its old link draining, or drained and
             # let go) serves through the executors the engine already holds for it.
@@ -154,6 +157,13 @@ class Cluster:
         if self.links.get(link.address) is link:
             del self.links[link.address]
         self._place()
+
+    def set_sla(self, model: str, sla_ms: float) -> None:
+        """A model's SLA set at run time: every worker's controller regulates to it (they kept
+        the config's), now and on each later connect."""
+        self.sla_ms[model] = sla_ms
+        for link in self.links.values():
+            link.send_sla(model, sla_ms)
 
     def _adopt(self, address: str, link: WorkerLink) -> None:
         """Bind the executors handed to the engine for ``address`` to its new ``link``: the

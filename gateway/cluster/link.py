@@ -163,11 +163,14 @@ class WorkerLink:
         heartbeat_timeout_s: float,
         on_change: Callable[[WorkerLink, list[RemoteExecutor]], None],
         tls: ssl.SSLContext | None = None,
+        sla_ms: Callable[[], dict[str, float]] = dict,
     ):
         """``on_change(link, executors)`` is called when the link goes up or down and when the
         worker reports a change of its executors; ``executors`` are those whose readiness may
-        have changed (new ones included)."""
+        have changed (new ones included). ``sla_ms()``: the SLAs set at run time, by model, which
+        the hello tells the worker (its controllers hold them)."""
         self.address, self.token, self.dispatcher = address, token, dispatcher
+        self.sla_ms = sla_ms
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.on_change = on_change
         self.tls = tls  # None: plain TCP
@@ -274,7 +277,8 @@ class WorkerLink:
     async def _session(self) -> None:
         reader, writer = await self._connect()
         try:
-            writer.writelines(encode_frame({"kind": "hello", "token": self.token, "dispatcher": self.dispatcher}))
+            hello_frame = {"kind": "hello", "token": self.token, "dispatcher": self.dispatcher, "sla_ms": self.sla_ms()}
+            writer.writelines(encode_frame(hello_frame))
             await writer.drain()
             hello = await self._read_hello(reader)
             received = time.perf_counter()
@@ -305,6 +309,12 @@ class WorkerLink:
             await self._watch(connection)
         finally:
             self._down(self.last_error or "the worker closed the connection")
+
+    def send_sla(self, model: str, sla_ms: float) -> None:
+        """A model's SLA set at run time, to the worker's controllers (a link down tells it in
+        its next hello)."""
+        if self.connection is not None and self.connected:
+            self.connection.send({"kind": "sla", "model": model, "sla_ms": sla_ms})
 
     async def _watch(self, connection: ExecutorConnection) -> None:
         """Until the connection ends or the worker falls silent past the heartbeat timeout."""

@@ -6,8 +6,10 @@ It runs the node's control plane where the cores are enforced: the CT controller
 the node supervisor (Algorithm 2) and the actuator. Dispatchers reach its executors over TCP
 with the executor protocol itself (executors/wire.py, DESIGN.md principle 2):
 
-- dispatcher -> worker ``hello``: {"kind": "hello", "token", "dispatcher"}; a wrong token is
-  answered ``refused`` and the connection closed.
+- dispatcher -> worker ``hello``: {"kind": "hello", "token", "dispatcher", "sla_ms"}; a wrong
+  token is answered ``refused`` and the connection closed. ``sla_ms``: the SLAs the dispatcher's
+  admin API set, by model, which the worker's controllers then regulate to.
+- dispatcher -> worker ``sla``: {"kind": "sla", "model", "sla_ms"}, when its admin API sets one.
 - worker -> dispatcher ``hello``: {"kind": "hello", "worker", "clock", "pid", "cpu_cores",
   "executors": [{"id", "device", "models": {name: signature}, "provider", "emulate", "warmed",
   "state", "cores", "enforced_cores"}]}.
@@ -126,6 +128,9 @@ class WorkerNode:
         self.node: NodeExecutors = build_node_executors(config, self._socket_dir, self._on_executor_change)
         self.executors: dict[str, SupervisedExecutor] = self.node.by_id
         self.loads = {name: ModelLoad() for name in self.node.cpu}
+        #: SLAs the dispatchers set at run time, by model (the config's until one does): the last
+        #: one heard wins where several dispatchers share the worker.
+        self.sla_ms: dict[str, float] = {}
         self.control: ControlLoop | None = None
         self.sessions: dict[int, asyncio.StreamWriter] = {}
         self._session_ids = iter(range(1, 1 << 62))
@@ -153,6 +158,7 @@ class WorkerNode:
             set_cores=self._set_cores,
             on_period=self._on_period,
             clock=self.clock,
+            sla_ms=lambda name: self.sla_ms.get(name, self.config.models[name].sla_ms),
         )
         for name, cores in self.control.initial_cores.items():
             self.node.cpu[name].cores = cores
@@ -194,6 +200,15 @@ class WorkerNode:
         await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
         self.node.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def _set_sla(self, model: Any, sla_ms: Any, dispatcher: Any) -> None:
+        """A dispatcher's SLA for ``model``: what its controller regulates to from now on."""
+        if model not in self.loads or isinstance(sla_ms, bool) or not isinstance(sla_ms, int | float):
+            return  # not a model with a CPU executor here, or not a number: nothing to regulate
+        if not (math.isfinite(sla_ms) and sla_ms > 0) or self.sla_ms.get(model) == sla_ms:
+            return
+        self.sla_ms[model] = float(sla_ms)
+        log.info("worker %s: model %s: SLA set to %g ms by dispatcher %s", self.name, model, sla_ms, dispatcher)
 
     # -- what dispatchers see ----------------------------------------------------------------
     def executor_state(self, executor: SupervisedExecutor, *, process: bool = True) -> dict[str, Any]:
@@ -246,8 +261,10 @@ class WorkerNode:
                     # Requests its CPU executor answered, from every dispatcher: what its controller regulates.
                     "served": self.loads[name].served if name in self.loads else 0,
                     "cores": self.node.cpu[name].cores if name in self.node.cpu else 0.0,
+                    # What its controller regulates to: a dispatcher's SLA, or the config's.
+                    "sla_ms": self.sla_ms.get(name, model.sla_ms),
                 }
-                for name in self.config.models
+                for name, model in self.config.models.items()
             },
         }
 
@@ -292,6 +309,9 @@ class WorkerNode:
         self._dispatchers.set(len(self.sessions))
         dispatcher = header.get("dispatcher")
         log.info("worker %s: dispatcher %s connected from %s", self.name, dispatcher, peer)
+        slas = header.get("sla_ms")
+        for model, sla_ms in slas.items() if isinstance(slas, dict) else ():
+            self._set_sla(model, sla_ms, dispatcher)
         writer.writelines(encode_frame(self.hello()))
         try:
             while True:
@@ -300,6 +320,8 @@ class WorkerNode:
                     task = asyncio.create_task(self._infer(session, writer, frame, payload))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+                elif frame.get("kind") == "sla":
+                    self._set_sla(frame.get("model"), frame.get("sla_ms"), dispatcher)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except Exception as error:
