@@ -281,7 +281,7 @@ class Engine:
             for executor in node.by_id.values():
                 self._add_executor(executor)
         self.gpu_cluster: GpuClusterWindow | None = None
-        metrics.export_totals(self.totals)
+        metrics.export_totals(self.totals, lambda: {gpu.id: gpu.restarts for gpu in self.gpu_executors})
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
         self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float, BatchTiming]] = {}
@@ -909,7 +909,14 @@ class Engine:
         return executor is not None and executor.last is not None
 
     def _on_executor_change(self, executor_id: str) -> None:
-        self._carry_out(self.core.set_executor_ready(executor_id, self.executors[executor_id].ready, self.now))
+        ready = self.executors[executor_id].ready
+        memory = self.core.gpu_memory
+        if not ready and memory is not None:
+            # A GPU executor that went down lost the models it held: unloaded, as the core forgets
+            # them (else the loads it counts again on its return outnumber what a GPU can hold).
+            for model in memory.held.get(executor_id, ()):
+                self.metrics.gpu_model_unloads.labels(executor_id, model).inc()
+        self._carry_out(self.core.set_executor_ready(executor_id, ready, self.now))
 
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, float("inf")
@@ -1027,6 +1034,10 @@ class Engine:
         """Run the batch on its executor, which may begin it until its latest start; kill the
         executor if it hangs. A GPU is busy from the moment the batch is sent until its answer."""
         hang_s = self.models[batch.model].config.hang_timeout_s
+        if batch.load is not None:
+            # The executor loads the model first: that time is no hang (a load longer than the
+            # timeout had the GPU killed at each try, and every model lost it).
+            hang_s += batch.load.load_ms / 1000
         busy = self.gpu_cluster if batch.device == GPU else None
         started = self.now
         if busy is not None:

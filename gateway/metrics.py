@@ -59,14 +59,19 @@ class GatewayMetrics:
             "gateway_gpu_model_loads", "Models loaded onto a GPU before a batch of theirs", ["gpu", "model"], registry=r
         )
         self.gpu_model_unloads = Counter(
-            "gateway_gpu_model_unloads", "Models unloaded from a GPU for room, least recently used", ["gpu", "model"], registry=r
+            "gateway_gpu_model_unloads",
+            "Models unloaded from a GPU: for room (least recently used), or lost with its executor",
+            ["gpu", "model"],
+            registry=r,
         )
         self._models: dict[str, ModelMetrics] = {}
 
-    def export_totals(self, read: Callable[[], Iterable[ModelTotals]]) -> None:
+    def export_totals(
+        self, read: Callable[[], Iterable[ModelTotals]], gpu_restarts: Callable[[], Mapping[str, int]] = dict
+    ) -> None:
         """Export the totals the engine keeps (core-seconds, restarts, violating windows), ``read``
         at each scrape, as counters: they only grow."""
-        self.registry.register(TotalsCollector(read))
+        self.registry.register(TotalsCollector(read, gpu_restarts))
 
     def export_scaling_signal(self, read: Callable[[], ScalingSignal]) -> None:
         """Export Symphony's autoscaling signals of the node's GPUs, ``read`` at each scrape."""
@@ -142,8 +147,8 @@ class TritonTotals:
 
 
 class TotalsCollector:
-    def __init__(self, read: Callable[[], Iterable[ModelTotals]]):
-        self._read = read
+    def __init__(self, read: Callable[[], Iterable[ModelTotals]], gpu_restarts: Callable[[], Mapping[str, int]]):
+        self._read, self._gpu_restarts = read, gpu_restarts
 
     def collect(self) -> Iterator[Metric]:
         core_seconds = CounterMetricFamily(
@@ -160,6 +165,8 @@ class TotalsCollector:
             violations.add_metric([totals.model], totals.window_violations)
             for executor, count in totals.restarts.items():
                 restarts.add_metric([totals.model, executor], count)
+        for executor, count in self._gpu_restarts().items():  # a GPU executor holds every model: no model's
+            restarts.add_metric(["", executor], count)
         yield from (core_seconds, violations, restarts)
 
 

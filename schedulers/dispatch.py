@@ -711,7 +711,8 @@ class DispatchCore:
         A device can finish a request when it could start it at the earliest (now, or when its
         batch in flight ends) and end it by the deadline, on its profile. Requests the GPU
         cannot finish but a CPU executor can are left queued: the CPU takes them (spill). With
-        no device ready at all, requests wait for one (or for their timeout). Only the models
+        no device ready at all, requests wait for one until even the fastest device, up at once,
+        could no longer finish them in time. Only the models
         whose queues changed since the last look, and those whose head's last start time has
         come (the refusal heap), are looked at.
         """
@@ -736,15 +737,19 @@ class DispatchCore:
             gpu_on = None
             if state.gpu_profile is not None and gpu_start is not None:
                 gpu_on = gpu_start + (self._load_ms(state.name) / 1000 if self.gpu_memory is not None else 0.0)
-            if cpu_start is None and gpu_on is None:
-                # No device is up: nothing is refused, and the head is not watched again (its
-                # time has passed: a wake-up for it would fire at once, for ever). A device
-                # that comes up has every queue looked at anew (set_executor_ready).
-                state.watched = state.queue[0]
-                continue
             refused = []
+            down = cpu_start is None and gpu_on is None
             while state.queue:
                 request = state.queue[0]
+                if down:
+                    # No device is up: a request is refused once even the fastest of them, up
+                    # this instant, could not finish it in time (it waited for its timeout, or
+                    # for ever for a device in a crash loop); the others wait for one.
+                    fastest_ms = self._fastest_ms(state, request.rows)
+                    if fastest_ms is None or now + fastest_ms / 1000 <= request.deadline:
+                        break
+                    refused.append(state.queue.popleft())
+                    continue
                 on_gpu = gpu_on is not None and gpu_on + state.gpu_profile.latency_ms(request.rows) / 1000 <= request.deadline
                 on_cpu = (
                     cpu_start is not None
@@ -759,9 +764,10 @@ class DispatchCore:
                 if state.on_gpus:
                     self.gpu_scheduler.on_refused(state.name, refused, now)
                     self.gpu_scheduler.on_queue_changed(state.name, now)
+                why = "no device was up to finish it in time" if down else "no device could finish it in time"
                 message = (
                     f"model '{state.name}' could not serve this request within its SLA of {state.sla_ms:g} ms "
-                    f"(no device could finish it in time{'; ' + reason[1] if reason and reason[0] == state.name else ''}); "
+                    f"({why}{'; ' + reason[1] if reason and reason[0] == state.name else ''}); "
                     "refused before it ran"
                 )
                 actions.append(Fail(tuple(refused), 503, "refused_deadline", message))

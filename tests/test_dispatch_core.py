@@ -352,15 +352,22 @@ def test_a_request_whose_client_left_leaves_the_queue_or_is_discarded():
     assert not of(done, Start)
 
 
-def test_a_head_past_its_last_start_with_no_device_up_asks_for_no_wake_up_in_the_past():
-    # The GPU executor never comes up. A request with a 20 ms SLA waits; at 0.05 it is past its
-    # last start, but no device can refuse it for: the core must not ask to be woken at a time
-    # already gone (the shell's timer would fire at once, for ever).
+def test_with_no_device_up_a_request_is_refused_once_no_device_could_finish_it():
+    # The GPU executor never comes up (a crash loop). A request with a 20 ms SLA waited for its
+    # timeout: it is refused once even the GPU, up at once, could not finish it (l(1) = 6 ms:
+    # from 0.014 on), and the core asks to be woken at no time already gone.
     core = core_with(gpus=1, policy="work_conserving", cpu=False, gpu_profile=(1.0, 5.0), sla_ms=20, drop_late=True, ready=False)
-    core.on_arrival(Request(1, "m", 0.0), 0.0)
-    for now in (0.05, 0.06):
-        wakes = [a.time for a in core.on_timer(now) if isinstance(a, WakeAt)]
-        assert all(t > now for t in wakes), wakes
-    # When the GPU comes up the request is refused at once: it can no longer finish.
-    (refused,) = of(core.set_executor_ready("gpu-0", True, 0.07), Fail)
-    assert refused.status == 503
+    assert not of(core.on_arrival(Request(1, "m", 0.0), 0.0), Fail)
+    assert not of(core.on_timer(0.010), Fail)  # a GPU up now could still finish it
+    later = Request(2, "m", 0.012)
+    core.on_arrival(later, 0.012)
+    actions = core.on_timer(0.015)
+    (refused,) = of(actions, Fail)
+    assert [r.id for r in refused.requests] == [1]
+    assert refused.status == 503 and refused.outcome == "refused_deadline"
+    assert "no device was up to finish it in time" in refused.message
+    assert all(a.time > 0.015 for a in actions if isinstance(a, WakeAt))
+    # The next one waits for its own last start (0.026), then goes the same way.
+    (second,) = of(core.on_timer(0.027), Fail)
+    assert [r.id for r in second.requests] == [2]
+    assert core.queue_length("m") == 0

@@ -4,8 +4,11 @@ gateway whose emulated GPU holds two of three models, LOADing and UNLOADing as L
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -136,3 +139,31 @@ def test_the_gpu_loads_and_unloads_as_lru_says_and_every_answer_is_right(cached_
     assert refused.status_code == 503 and "loading the model first (40 ms)" in refused.json()["error"]
     held = infer(cached_gateway, "cnn_large", rng.random(MODELS["cnn_large"], dtype=np.float32), timeout_us=20_000)
     assert held.status_code == 200  # a held model needs no LOAD: the same timeout is met
+
+
+def test_a_load_longer_than_the_hang_timeout_is_no_hang_and_a_gpu_lost_is_counted(tmp_path, example_models):
+    """A batch that loads its model first waited the hang timeout alone: a 2.5 s load on a 2 s
+    timeout had the GPU killed as hung at every try. A GPU executor that went down lost what it
+    held (counted unloaded) and its restart is counted, as a CPU executor's is."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    (tmp_path / "gpu.csv").write_text("model,alpha_ms,beta_ms,memory_mb,load_ms\nmlp,0.2,2.0,40,2500\n")
+    (tmp_path / "config.toml").write_text(
+        '[node]\ncpu_cores = 1.0\ngpus = [0]\n\n[gpu]\nexecutor = "emulated"\nprofile = "gpu.csv"\nmemory_mb = 100\n\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 100\nhang_timeout_ms = 2000\ncpu_executor = false\n'
+    )
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        response = infer(gateway, "mlp", np.zeros((1, 512), np.float32))
+        assert response.status_code == 200, response.text
+        (executor,) = gateway.admin("mlp")["executors"]
+        assert executor["id"] == "gpu-0" and executor["restarts"] == 0
+        metrics = gateway.metrics()
+        assert metric_value(metrics, "gateway_gpu_model_loads_total", gpu="gpu-0", model="mlp") == 1
+        assert metric_value(metrics, "gateway_executor_restarts_total", executor="gpu-0", model="") == 0
+        os.kill(executor["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while gateway.admin("mlp")["executors"][0]["restarts"] == 0 or gateway.admin("mlp")["executors"][0]["state"] != "ready":
+            assert time.monotonic() < deadline, "the GPU executor was not back"
+            time.sleep(0.1)
+        metrics = gateway.metrics()
+        assert metric_value(metrics, "gateway_executor_restarts_total", executor="gpu-0", model="") == 1
+        assert metric_value(metrics, "gateway_gpu_model_unloads_total", gpu="gpu-0", model="mlp") == 1
