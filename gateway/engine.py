@@ -273,6 +273,7 @@ class Engine:
                 on_executor=self._add_executor,
                 on_ready_change=lambda e: self._on_executor_change(e.id),
                 has_batch=self._has_batch,
+                on_executor_gone=self._remove_executor,
             )
         else:
             node = build_node_executors(config, self._socket_dir, self._on_executor_change)
@@ -311,6 +312,23 @@ class Engine:
         else:
             self.models[model].executors.append(executor)
             self.core.add_executor(executor.id, CPU, model)
+
+    def _remove_executor(self, executor: Executor) -> None:
+        """An executor of a worker let go for good: forgotten, once the core has no batch of it
+        left (a worker whose pod came back at another address left its executors behind, never
+        ready, one set more at each such return)."""
+        if executor.id not in self.executors:
+            return
+        if not self.core.remove_executor(executor.id):
+            asyncio.get_running_loop().call_later(1.0, self._remove_executor, executor)
+            return
+        del self.executors[executor.id]
+        if executor in self.gpu_executors:
+            self.gpu_executors.remove(executor)
+        for runtime in self.models.values():
+            if executor in runtime.executors:
+                runtime.executors.remove(executor)
+        self._gpu_busy_shown.pop(executor.id, None)
 
     @property
     def enforced_by(self) -> str:

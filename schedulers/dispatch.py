@@ -330,6 +330,24 @@ class DispatchCore:
             if state not in self._cpu_models:
                 self._cpu_models.append(state)
 
+    def remove_executor(self, executor_id: str) -> bool:
+        """Forget an executor gone for good (a worker let go); False, and nothing forgotten, while
+        it is up or has a batch: it is forgotten once that has ended."""
+        executor = self.executors.get(executor_id)
+        if executor is None:
+            return True
+        if executor.ready or executor.last is not None:
+            return False
+        del self.executors[executor_id]
+        if executor.device == GPU:
+            self._gpus.remove(executor)
+            self._idle_gpus.pop(executor_id, None)
+            if self.gpu_memory is not None:
+                self.gpu_memory.held.pop(executor_id, None)
+        elif executor.model in self.models:
+            self.models[executor.model].cpu_executors.remove(executor)
+        return True
+
     def set_sla(self, model: str, sla_ms: float) -> None:
         """Requests that arrive from now on get the new SLA; those queued keep their deadline."""
         self.models[model].sla_ms = sla_ms

@@ -36,7 +36,7 @@ from tests.cluster import (
     workers_on,
 )
 from tests.dns_server import TestDnsServer
-from tests.helpers import EXAMPLES, ROOT
+from tests.helpers import EXAMPLES, ROOT, Gateway
 from tests.netns import make_hosts
 
 MLP = {"mlp": EXAMPLE_MODELS["mlp"]}
@@ -265,6 +265,12 @@ def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path)
             assert {a[2] for a in load.answers} == {200}, [a for a in load.answers if a[2] != 200][:3]
 
 
+def executors_at(gateway: Gateway, endpoint: str) -> list[str]:
+    """The ids of the dispatcher's executors of the worker at ``endpoint``."""
+    described = requests.get(gateway.base + "/admin/models/mlp", timeout=5).json()
+    return [e["id"] for e in described["executors"] if e["id"].startswith(endpoint)]
+
+
 def test_a_worker_that_leaves_the_dns_and_comes_back_is_used_again(tmp_path: Path):
     with make_hosts(2) as hosts, TestDnsServer() as dns:
         name = "gateway-workers.gateway.svc.cluster.local"
@@ -284,6 +290,8 @@ def test_a_worker_that_leaves_the_dns_and_comes_back_is_used_again(tmp_path: Pat
                 # One pod leaves (drained and let go) and comes back at the same address.
                 dns.set(name, [hosts.address(1)])
                 wait_for(lambda: {w["address"] for w in cluster_state(gateway)["workers"]} == {second}, 15, "first let go")
+                # Its executors are forgotten (they stayed for good, one set more at each return).
+                wait_for(lambda: executors_at(gateway, first) == [], 5, "the first worker's executors forgotten")
                 dns.set(name, both)
                 wait_for(lambda: connected(gateway) == {first, second}, 15, "the first worker back")
                 back_at = time.monotonic()

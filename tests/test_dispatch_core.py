@@ -371,3 +371,18 @@ def test_with_no_device_up_a_request_is_refused_once_no_device_could_finish_it()
     (second,) = of(core.on_timer(0.027), Fail)
     assert [r.id for r in second.requests] == [2]
     assert core.queue_length("m") == 0
+
+
+def test_an_executor_gone_for_good_is_forgotten_once_down_and_without_a_batch():
+    core = core_with(gpus=2, policy="work_conserving", gpu_profile=(1.0, 5.0))
+    (start,) = of(core.on_arrival(Request(1, "m", 0.0), 0.0), Start)
+    gone = start.batch.executor
+    assert not core.remove_executor(gone)  # up, and running a batch
+    core.set_executor_ready(gone, False, 0.001)
+    assert not core.remove_executor(gone)  # its batch has not ended
+    core.on_batch_done(start.batch, 5.0, 0.006)
+    assert core.remove_executor(gone) and gone not in core.executors
+    # The others serve on; what arrives goes to them.
+    (later,) = of(core.on_arrival(Request(2, "m", 0.01), 0.01), Start)
+    assert later.batch.executor != gone
+    assert core.remove_executor(gone)  # forgotten already: nothing to do

@@ -44,8 +44,10 @@ class Cluster:
         on_executor: Callable[[RemoteExecutor], None],
         on_ready_change: Callable[[RemoteExecutor], None],
         has_batch: Callable[[str], bool] = lambda executor_id: False,
+        on_executor_gone: Callable[[RemoteExecutor], None] = lambda executor: None,
     ):
         """``on_executor`` hears of each executor of a worker once, when first seen;
+        ``on_executor_gone`` of each of a worker let go (drained, not back);
         ``on_ready_change`` whenever one may have become ready or stopped being so;
         ``has_batch(executor_id)``: whether the dispatch core has given it a batch not ended yet
         (a drain waits for those, sent or not)."""
@@ -56,13 +58,14 @@ class Cluster:
         self.name = self.config.name or f"{socket.gethostname()}-{os.getpid()}"
         self.on_executor, self.on_ready_change = on_executor, on_ready_change
         self.has_batch = has_batch
+        self.on_executor_gone = on_executor_gone
         #: Replicas wanted per model with a CPU executor (None: one on every worker that holds it).
         self.replicas: dict[str, int | None] = {name: m.replicas for name, m in config.models.items() if m.cpu is not None}
         self.placed: dict[str, list[str]] = {name: [] for name in self.replicas}
         self.links: dict[str, WorkerLink] = {}
-        # Every executor handed to the engine, by id. The engine keeps them for good (it has no
-        # way to forget one), so a worker that comes back gets these objects again, bound to its
-        # new link: new objects of the same ids would never reach the engine.
+        # Every executor handed to the engine, by id: a worker back at its address while its old
+        # link drains gets these objects again, bound to its new link (new objects of the same
+        # ids would never reach the engine); a worker let go has its executors forgotten.
         self._handed: dict[str, RemoteExecutor] = {}
         self._drains: set[asyncio.Task[None]] = set()
         #: SLAs set through the admin API, by model: each worker's controllers hold them too.
@@ -139,8 +142,8 @@ class Cluster:
                 tls=self.tls,
                 sla_ms=lambda: dict(self.sla_ms),
             )
-            # A worker back at an address seen before (its old link draining, or drained and
-            # let go) serves through the executors the engine already holds for it.
+            # A worker back at its address while its old link drains serves through the
+            # executors the engine already holds for it.
             self._adopt(address, link)
             self.links[address] = link
             link.start()
@@ -156,6 +159,12 @@ class Cluster:
         await link.drain(DRAIN_TIMEOUT_S, self.has_batch)
         if self.links.get(link.address) is link:
             del self.links[link.address]
+        # Its executors go too, unless the worker came back meanwhile (a new link adopted them):
+        # kept, each address that ever came and went would leave its executors for good.
+        for executor_id, executor in list(self._handed.items()):
+            if executor.link is link:
+                del self._handed[executor_id]
+                self.on_executor_gone(executor)
         self._place()
 
     def set_sla(self, model: str, sla_ms: float) -> None:
