@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import random
 import subprocess
@@ -9,11 +11,36 @@ import sys
 import time
 
 import aiohttp
+import pytest
+import requests
 from aiohttp import web
 
+from gateway.tools import bench
 from gateway.tools.arguments import rate_steps
 from gateway.tools.bench import arrival_times, open_loop
-from tests.helpers import ROOT, run_gateway, write_config
+from tests.helpers import ROOT, free_port, run_gateway, write_config
+
+# A stand-in for a gateway: the model's metadata and config (its SLA), and infer answered at once.
+STAND_IN = """
+import sys
+from aiohttp import web
+
+async def metadata(request):
+    return web.json_response({"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], "outputs": []})
+
+async def config(request):
+    return web.json_response({"parameters": {"sla_ms": {"string_value": "50"}}})
+
+async def infer(request):
+    await request.read()
+    return web.json_response({"outputs": []})
+
+app = web.Application()
+app.router.add_get("/v2/models/m", metadata)
+app.router.add_get("/v2/models/m/config", config)
+app.router.add_post("/v2/models/m/infer", infer)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
 
 
 def test_poisson_step_schedule():
@@ -101,3 +128,77 @@ async def test_open_loop_times_requests_from_when_they_were_due():
     assert behind.statuses == on_time.statuses == {"200": 6}
     assert min(behind.latencies_ms) >= 6 * 50 - 5
     assert max(on_time.latencies_ms) < 200  # on schedule, only the answer's own time
+
+
+def test_bench_keeps_its_results_when_the_gateway_dies(tmp_path):
+    """The gateway killed mid-run: what was answered and what was not are counted, the model's SLA
+    (read after the run) is unknown, and the summary and --output are there all the same."""
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(tmp_path / "stand_in.py"), str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                requests.get(f"http://127.0.0.1:{port}/v2/models/m", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        out = tmp_path / "result.json"
+        command = [sys.executable, "-m", "gateway.cli", "bench", f"http://127.0.0.1:{port}", "--model", "m"]
+        load = ["--rate", "50", "--duration", "3", "--quiet", "--output", str(out)]
+        running = subprocess.Popen([*command, *load], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        server.kill()
+        server.wait()
+        stdout, stderr = running.communicate(timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    assert running.returncode == 0, stderr
+    result = json.loads(out.read_text())
+    assert 0 < result["succeeded"] < result["requests"]
+    # After the kill, refused connections; at the kill, perhaps one cut (ServerDisconnectedError).
+    assert result["errors"] == result["requests"] - result["succeeded"] > 0 and "ClientConnectorError" in result["statuses"]
+    assert result["sla_ms"] is None
+    assert f"{result['succeeded']}/{result['requests']} ok" in stdout and f"{result['errors']} without an answer" in stdout
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("load", [["--rate", "20", "--duration", "0.5"], ["--concurrency", "2", "--duration", "0.5"]])
+async def test_a_request_past_the_client_timeout_is_counted_an_error(load, monkeypatch):
+    """A server that never answers infer: each request ends at bench's own timeout, counted as a
+    TimeoutError (it was lost from the counts, and the closed loop ended in a traceback)."""
+    released = asyncio.Event()
+
+    async def metadata(request: web.Request) -> web.Response:
+        return web.json_response({"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]})
+
+    async def config(request: web.Request) -> web.Response:
+        return web.json_response({"parameters": {"sla_ms": {"string_value": "50"}}})
+
+    async def never(request: web.Request) -> web.Response:
+        await request.read()
+        await released.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/v2/models/m", metadata)
+    app.router.add_get("/v2/models/m/config", config)
+    app.router.add_post("/v2/models/m/infer", never)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    monkeypatch.setattr(bench, "CLIENT_TIMEOUT_S", 0.3)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([f"http://127.0.0.1:{runner.addresses[0][1]}", "--model", "m", "--quiet", *load])
+    try:
+        result = await bench._run(args)
+    finally:
+        released.set()
+        await runner.cleanup()
+    assert result["requests"] > 0 and result["succeeded"] == 0
+    assert result["statuses"] == {"TimeoutError": result["requests"]} and result["errors"] == result["requests"]
+    assert result["sla_ms"] == 50  # the server answers all but infer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -179,6 +180,45 @@ def test_config_schema_command_describes_the_file(tmp_models):
     assert validator.is_valid(tomllib.loads((ROOT / "examples" / "config.toml").read_text()))
     for wrong in ("[models.m]\npath = 'm.onnx'\nsla_ms = 'soon'\n", "[models.m]\npath = 'm.onnx'\nsla_ms = 1\nmax_batch = 4\n"):
         assert not validator.is_valid(tomllib.loads(wrong))
+
+
+@pytest.mark.parametrize("name", ["a b", "..", ".", "x/y"])
+def test_the_schema_refuses_a_model_or_pipeline_name_that_the_loader_refuses(name, tmp_models):
+    """Such a name's table was checked against nothing (any body passed), and one of dots only
+    matched the name's pattern: now the name itself is refused, as the loader refuses it."""
+    import jsonschema_rs
+
+    validator = jsonschema_rs.validator_for(json_schema())
+    model = {"path": "mlp.onnx", "sla_ms": 20}
+    pipeline = tomllib.loads((ROOT / "examples" / "ocr.toml").read_text())["pipelines"]["ocr"]
+    assert validator.is_valid({"models": {"m": model}, "pipelines": {"ocr": pipeline}})
+    assert not validator.is_valid({"models": {"m": model, name: model}})
+    assert not validator.is_valid({"models": {"m": model, name: {"foo": "bar"}}})
+    assert not validator.is_valid({"models": {"m": model}, "pipelines": {name: pipeline}})
+    with pytest.raises(ConfigError) as caught:
+        load_config(_write(tmp_models, f"[models.{json.dumps(name)}]\npath = 'mlp.onnx'\nsla_ms = 20\n"))
+    assert caught.value.key == f"models.{name}"
+
+
+def test_the_schema_takes_a_name_at_the_edge_of_the_rule(tmp_models):
+    import jsonschema_rs
+
+    validator = jsonschema_rs.validator_for(json_schema())
+    edge, model = "v1.2-" + "m" * 59, {"path": "mlp.onnx", "sla_ms": 20}  # 64 characters, dots among others
+    assert validator.is_valid({"models": {edge: model}})
+    assert not validator.is_valid({"models": {edge + "m": model}})
+    assert edge in load_config(_write(tmp_models, f"[models.{json.dumps(edge)}]\npath = 'mlp.onnx'\nsla_ms = 20\n")).models
+
+
+def test_a_pipeline_of_dots_only_is_refused_as_a_model_is(tmp_path, example_models):
+    """A pipeline is served as a model of its name, which no URL carries when it is dots only."""
+    shutil.copy(ROOT / "examples" / "ocr.py", tmp_path / "ocr.py")
+    text = (ROOT / "examples" / "ocr.toml").read_text().replace('"models/', f'"{example_models}/')
+    text = text.replace("[server]", f'[server]\nmodel_dir = "{example_models}"', 1)
+    assert load_config(_write(tmp_path, text)).pipelines
+    with pytest.raises(ConfigError) as caught:
+        load_config(_write(tmp_path, text.replace("[pipelines.ocr]", '[pipelines.".."]')))
+    assert "'..' is no name a URL can carry" in str(caught.value)
 
 
 def test_serve_exits_nonzero_on_config_error(tmp_models):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
+import aiohttp
 import requests
+from aiohttp import web
 
+from gateway.tools.identify import _step
 from tests.helpers import ROOT, busy_model, run_gateway
 
 
@@ -81,3 +85,35 @@ def test_identify_measures_a_positive_gain_near_the_model_based_one(tmp_path):
         assert "plant = { gain" in done.stderr
         # The model was handed back to its policy.
         assert gateway.admin("busy")["pinned_cores"] is None
+
+
+async def test_a_step_under_two_seconds_is_measured_over_its_last_period_only():
+    """--seconds 1: the last half of the step is under one period, yet one period is measured (the
+    slice history[-0:] took the whole history, every step before this one included)."""
+    earlier = [{"requests": 100, "mean_rt_ms": 50.0}] * 9  # before this step: other loads, other cores
+    history = [*earlier, {"requests": 5, "mean_rt_ms": 10.0}]
+
+    async def pin(request: web.Request) -> web.Response:
+        return web.json_response({"pinned_cores": (await request.json())["cores"]})
+
+    async def infer(request: web.Request) -> web.Response:
+        return web.json_response({"outputs": []})
+
+    async def described(request: web.Request) -> web.Response:
+        return web.json_response({"name": "m", "period_s": 1.0, "history": history})
+
+    app = web.Application()
+    app.router.add_put("/admin/models/m/cores", pin)
+    app.router.add_post("/v2/models/m/infer", infer)
+    app.router.add_get("/admin/models/m/history", described)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            step = await _step(session, base, "m", 0.5, b"{}", argparse.Namespace(rate=5.0, seconds=1.0))
+    finally:
+        await runner.cleanup()
+    assert step == {"cores": 0.5, "requests": 5, "mean_rt_ms": 10.0}

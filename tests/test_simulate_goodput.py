@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.tools.goodput import bisect_load, meets_slo, upper_bound_rps, zoo_arrivals
-from gateway.tools.simulate import SimModel, Simulation, ZooModel, even_split, load_zoo, simulate
+from gateway.tools.simulate import SimModel, Simulation, ZooModel, even_split, load_zoo, simulate, simulate_config
 from schedulers.gpu import DEFAULT_POLICY
 from tests.helpers import ROOT
 
@@ -172,3 +172,20 @@ def test_simulate_goodput_writes_per_model_counts(tmp_path: Path):
         [sys.executable, "-m", "gateway.cli", "simulate", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert "--goodput" in helped.stdout and "--dispatch-delay-ms" in helped.stdout
+
+
+def test_a_config_whose_arrivals_all_come_at_once_still_reports(tmp_models: Path):
+    """Every arrival at 0 spans no time: the rates are over the run, to its last request's end
+    (they divided by the span, 0)."""
+    (tmp_models / "gpu.csv").write_text("model,alpha_ms,beta_ms\nmlp,0.5,5\n")
+    (tmp_models / "config.toml").write_text(
+        '[node]\ncpu_cores = 2\ngpus = [0]\n[gpu]\nexecutor = "emulated"\nprofile = "gpu.csv"\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 20\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    result = simulate_config(tmp_models / "config.toml", [(0.0, "mlp")] * 4, cpu_profiles={"mlp": (0.5, 1.0)})
+    served = result["models"]["mlp"]["in_slo"]
+    assert result["requests"] == 4 and served > 0
+    # Each request at most its 20 ms SLA: the run ended by then, so the rate is at least 4 / 20 ms.
+    assert served / 0.02 <= result["goodput_rps"] < float("inf")
+    assert result["goodput_by_model_rps"]["mlp"] == result["goodput_rps"]
+    assert 0 <= result["gpu_idle_fraction"] < 1

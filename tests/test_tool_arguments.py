@@ -33,6 +33,10 @@ def _refused(argv: list[str], capsys) -> str:
         (["bench", "http://127.0.0.1:9", "--model", "m", "--concurrency", "0"], "argument --concurrency: '0' must be at least 1"),
         (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--shape", "x"], "argument --shape: 'x' is not NAME=D1"),
         (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--duration", "0"], "argument --duration: '0' must be"),
+        (
+            ["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--output", "run.png"],
+            "argument --output: 'run.png' is the report's name: give the JSON's (run.json), the report goes beside it",
+        ),
     ],
 )
 def test_a_wrong_argument_is_one_line_naming_it(argv, words, capsys, tmp_path):
@@ -56,3 +60,21 @@ def test_wrong_inputs_are_named(tmp_path, tmp_models, capsys):
     assert "the arrivals name 'nope', not a model of" in said
     said = _refused(["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--duration", "1", "--quiet"], capsys)
     assert "gateway bench: cannot reach http://127.0.0.1:9" in said
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "words"),
+    [
+        ("[]", "the arrivals: none given: nothing to simulate"),
+        ('[[0.1, "m"], [NaN, "m"]]', "the arrivals: nan (model 'm') is no time: each must be a finite number of seconds from 0"),
+        ('[[-1, "m"]]', "the arrivals: -1.0 (model 'm') is no time"),
+        ('[[Infinity, "m"]]', "the arrivals: inf (model 'm') is no time"),
+    ],
+)
+def test_arrivals_that_are_no_times_are_named(arrivals, words, tmp_path, tmp_models, capsys):
+    """None at all divided by a span of 0, and a NaN time, which never compares, kept the clock from ever passing it."""
+    (tmp_models / "good.toml").write_text("[models.m]\npath = 'mlp.onnx'\nsla_ms = 50\n")
+    (tmp_path / "arrivals.json").write_text(arrivals)
+    argv = ["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", str(tmp_path / "arrivals.json")]
+    said = _refused([*argv, "--cpu-profile", "m=0.5,1"], capsys)
+    assert f"gateway simulate: {words}" in said

@@ -27,6 +27,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from controllers.pi import pi_gains
 from gateway.config.schema import (
+    MAX_MODEL_NAME,
     MIN_WORKER_TOKEN,
     MODEL_NAME_PATTERN,
     ClusterConfig,
@@ -62,11 +63,27 @@ def _file_adapter() -> TypeAdapter[ConfigFile]:
     return TypeAdapter(ConfigFile)
 
 
+# A name of dots only ("." or "..") is no URL path segment a model or pipeline can be served under.
+DOTS_ONLY = {"pattern": r"^\.+$"}
+
+
 class _Described(GenerateJsonSchema):
     """The schema without a title per property: each property's name and description say it."""
 
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
+
+    def dict_schema(self, schema: Any) -> dict[str, Any]:
+        """A table of [models.NAME] or [pipelines.NAME]: pydantic gives the name's pattern as
+        patternProperties, which leaves a key outside it unchecked (any body passes); here every
+        key is held to the loader's rule for a name, and every body to the table's schema."""
+        generated = super().dict_schema(schema)
+        tables = generated.get("patternProperties", {})
+        if set(tables) == {MODEL_NAME_PATTERN}:
+            del generated["patternProperties"]
+            generated["additionalProperties"] = tables[MODEL_NAME_PATTERN]
+            generated["propertyNames"] = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_MODEL_NAME, "not": DOTS_ONLY}
+        return generated
 
 
 def json_schema() -> dict[str, Any]:
@@ -162,6 +179,7 @@ def _check_pipelines(
             outputs[name] = []
     for name, table in pipelines.items():
         key = f"pipelines.{name}"
+        _check_url_name(source, key, name)
         if name in models:
             raise ConfigError(source, key, f"'{name}' is a model's name too; a pipeline is served as a model of its own name")
         try:
@@ -266,8 +284,7 @@ def _model(
     source: Path, name: str, table: ModelTable, server: ServerConfig, node: NodeConfig, gpu: GpuConfig, default_cores: float
 ) -> ModelConfig:
     key = f"models.{name}"
-    if not name.strip("."):
-        raise ConfigError(source, key, f"'{name}' is no name a URL can carry (a path segment of dots only)")
+    _check_url_name(source, key, name)
     if "\0" in str(table.path):
         raise ConfigError(source, f"{key}.path", "a path cannot hold a NUL character")
     path = table.path if table.path.is_absolute() else source.resolve().parent / table.path
@@ -306,6 +323,12 @@ def _model(
     # cpu_executor = false is carried as no CPU executor config: ModelConfig.cpu is None.
     fields = {f.name: getattr(table, f.name) for f in dataclasses.fields(table) if f.name != "cpu_executor"}
     return ModelConfig(**{**fields, "name": name, "path": path, "cpu": cpu})
+
+
+def _check_url_name(source: Path, key: str, name: str) -> None:
+    """A model's or pipeline's name is a path segment of its URLs: one of dots only is none."""
+    if not name.strip("."):
+        raise ConfigError(source, key, f"'{name}' is no name a URL can carry (a path segment of dots only)")
 
 
 def _check_gpu_only(source: Path, key: str, table: ModelTable, node: NodeConfig) -> None:

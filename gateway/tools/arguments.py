@@ -46,6 +46,16 @@ def output_file(text: str) -> str:
     return text
 
 
+def json_output_file(text: str) -> str:
+    """A JSON file to write with a PNG report beside it (the same name, .png): so not a .png itself,
+    which the JSON would overwrite."""
+    if Path(text).suffix.lower() == ".png":
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is the report's name: give the JSON's ({Path(text).with_suffix('.json')}), the report goes beside it"
+        )
+    return output_file(text)
+
+
 def rate_steps(text: str) -> list[tuple[float, float]]:
     """RATE:SECONDS,RATE:SECONDS,...: a schedule of rates (a rate may be 0, a pause)."""
     steps = []

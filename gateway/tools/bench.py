@@ -23,11 +23,14 @@ import numpy as np
 from tqdm import tqdm
 
 from executors.tensors import KSERVE_TO_NUMPY
-from gateway.tools.arguments import output_file, positive_float, positive_int, rate_steps, tensor_shape
+from gateway.tools.arguments import json_output_file, positive_float, positive_int, rate_steps, tensor_shape
 
 # Open-loop runs stop adding requests past this many outstanding, so a dead server cannot
 # make the generator eat all memory; such requests are counted as "dropped by client".
 MAX_OUTSTANDING = 20_000
+# The most a request may take before it is given up and counted an error ("TimeoutError"): a
+# server that never answers must not hold the run, nor lose the request from the counts.
+CLIENT_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -58,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-ms", type=positive_float, help="each request's own timeout (the protocol's timeout parameter)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--output", type=output_file, help="write the results as JSON here, and a report beside it (the same name, .png)"
+        "--output", type=json_output_file, help="write the results as JSON here, and a report beside it (the same name, .png)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -107,7 +110,9 @@ async def _send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: 
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
             await response.read()
             status = str(response.status)
-    except aiohttp.ClientError as error:
+    except (aiohttp.ClientError, TimeoutError) as error:
+        # No answer (refused, cut, or past CLIENT_TIMEOUT_S; asyncio's timeout is no ClientError):
+        # counted by its kind among the statuses, so every request sent is in the counts.
         status = type(error).__name__
     outcome.add(status, (time.perf_counter() - started) * 1000, started)
 
@@ -169,6 +174,7 @@ def summarize(outcome: Outcome, elapsed_s: float) -> dict[str, Any]:
         "requests": sum(outcome.statuses.values()),
         "succeeded": ok,
         "statuses": outcome.statuses,
+        "errors": sum(n for status, n in outcome.statuses.items() if not status.isdigit()),  # no HTTP answer
         "dropped_by_client": outcome.dropped,
         "throughput_rps": round(ok / elapsed_s, 2) if elapsed_s else 0.0,
         "latency_ms": {
@@ -185,7 +191,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     base = args.url.rstrip("/")
     shapes = dict(args.shape)
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as session:
         try:
             async with session.get(f"{base}/v2/models/{args.model}") as response:
                 if response.status != 200:
@@ -193,8 +199,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                         f"gateway bench: GET /v2/models/{args.model} answered {response.status}: {await response.text()}"
                     )
                 metadata = await response.json()
-        except aiohttp.ClientError as error:
-            raise SystemExit(f"gateway bench: cannot reach {base}: {error}") from None
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise SystemExit(f"gateway bench: cannot reach {base}: {str(error) or type(error).__name__}") from None
         body = request_body(metadata, shapes, np.random.default_rng(args.seed), args.timeout_ms)
         url = f"{base}/v2/models/{args.model}/infer"
         started = time.perf_counter()
@@ -231,11 +237,15 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _sla_ms(session: aiohttp.ClientSession, base: str, model: str) -> float | None:
-    """The model's SLA, from its Triton configuration's parameters (None if it does not say)."""
-    async with session.get(f"{base}/v2/models/{model}/config") as response:
-        if response.status != 200:
-            return None
-        config = await response.json()
+    """The model's SLA, from its Triton configuration's parameters (None if it does not say, or
+    the gateway is gone: the run's results are kept all the same)."""
+    try:
+        async with session.get(f"{base}/v2/models/{model}/config") as response:
+            if response.status != 200:
+                return None
+            config = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
     value = config.get("parameters", {}).get("sla_ms", {}).get("string_value")
     return float(value) if value is not None else None
 
@@ -246,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{result['model']}: {result['succeeded']}/{result['requests']} ok in {result['elapsed_s']} s, "
         f"{result['throughput_rps']} req/s, p50 {latency['p50']} ms, p90 {latency['p90']} ms, p99 {latency['p99']} ms, "
-        f"statuses {result['statuses']}"
+        f"{result['errors']} without an answer, statuses {result['statuses']}"
     )
     if args.output:
         with open(args.output, "w") as handle:

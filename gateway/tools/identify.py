@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--setpoint-ratio", type=float, default=0.8, help="alpha of the controller")
 
 
+def measured_periods(seconds: float, period_s: float) -> int:
+    """The control periods of a step's last half, where its queue has settled: at least one (a
+    slice of none, history[-0:], would be the whole history, every step before this one too)."""
+    return max(1, int(seconds / 2 / period_s))
+
+
 async def _step(
     session: aiohttp.ClientSession, base: str, model: str, cores: float, body: bytes, args: argparse.Namespace
 ) -> dict:
@@ -40,8 +46,9 @@ async def _step(
     times = arrival_times([(args.rate, args.seconds)], random.Random(0))
     await open_loop(session, f"{base}/v2/models/{model}/infer", body, times, None)
     async with session.get(f"{base}/admin/models/{model}/history") as response:
-        history = (await response.json())["history"]
-    measured = [h for h in history[-int(args.seconds / 2) :] if h["requests"]]
+        described = await response.json()
+    periods = measured_periods(args.seconds, float(described.get("period_s", 1.0)))
+    measured = [h for h in described["history"][-periods:] if h["requests"]]
     served = sum(h["requests"] for h in measured)
     if not served:
         raise SystemExit("gateway identify: no request was served in the measured part of the step")

@@ -26,7 +26,9 @@ What ``--apply`` writes for a step's model: ``sla_ms`` its latency budget (the s
 in the plan: the model's queue and schedulers then hold that step to it), ``max_batch_size`` at
 least the planned batch, ``dispatch_batch`` the planned batch (Harpagon's batch-aware dispatch),
 and ``cpu.cores`` instances x cores (one executor per model on a node: its cores are the sum;
-``replicas`` on a cluster).
+``replicas`` on a cluster), so that the file still loads: at least the model's ``cpu.min_cores``
+(more cores never lengthen a step), an existing ``cpu.max_cores`` raised to them where below, and
+a model planned more than ``node.cpu_cores`` refused before anything is written.
 """
 
 from __future__ import annotations
@@ -39,17 +41,19 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from executors.tensors import KSERVE_TO_NUMPY
 from gateway.config import GatewayConfig
 from gateway.pipeline.graph import PipelineGraph
 from gateway.tools.arguments import existing_file, positive_float
 
 POLICIES = ("ours", "fa2", "harpagon", "even")
 DEFAULT_CORES = (0.5, 1.0, 2.0)
+# Cores summed from instances come out as 2.0000000000000004; this much is taken for rounding.
+ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
@@ -126,14 +130,62 @@ def fetch_profiles(url: str, models: list[str], token: str | None) -> dict[str, 
 
 
 def sample_inputs(path: str, graph: PipelineGraph) -> dict[str, np.ndarray]:
-    """The pipeline's inputs from ``path``: a .npz of them, or an image for a pipeline of one image input."""
-    if path.endswith(".npz"):
-        with np.load(path) as loaded:
-            return {k: loaded[k] for k in loaded.files}
-    (spec,) = graph.table.inputs
-    from PIL import Image
+    """The pipeline's inputs from ``path``: a .npz of them, or an image for a pipeline of one image input.
+    A sample the served pipeline would refuse (an input missing or unknown, of another datatype or
+    shape) is refused here with one line, before anything runs on it."""
+    inputs = _read_npz(path) if path.endswith(".npz") else _read_image(path, graph)
+    problem = sample_problem(inputs, graph)
+    if problem is not None:
+        raise SystemExit(f"gateway plan: --sample {path}: {problem}")
+    return inputs
 
-    return {spec.name: np.asarray(Image.open(path).convert("RGB"))}
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        loaded = np.load(path)  # pickles refused: a sample is arrays only
+    except (OSError, ValueError, EOFError):
+        loaded = None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise SystemExit(f"gateway plan: --sample {path}: not a .npz of arrays (numpy.savez's) that numpy can read")
+    with loaded:
+        try:
+            return {k: loaded[k] for k in loaded.files}
+        except ValueError:  # an array of Python objects: numpy reads it only by unpickling
+            raise SystemExit(f"gateway plan: --sample {path}: holds an array of Python objects; save strings as str") from None
+
+
+def _read_image(path: str, graph: PipelineGraph) -> dict[str, np.ndarray]:
+    specs = graph.table.inputs
+    if len(specs) != 1 or specs[0].datatype != "UINT8":
+        names = ", ".join(s.name for s in specs)
+        raise SystemExit(f"gateway plan: --sample {path}: an image is a sample of one UINT8 input; give a .npz of {names}")
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return {specs[0].name: np.asarray(image.convert("RGB"))}
+    except (UnidentifiedImageError, OSError) as error:
+        raise SystemExit(f"gateway plan: --sample {path}: not an image (nor a .npz of the inputs): {error}") from None
+
+
+def sample_problem(inputs: dict[str, np.ndarray], graph: PipelineGraph) -> str | None:
+    """What the served pipeline would refuse in ``inputs``, in one line, or None."""
+    declared = {spec.name: spec for spec in graph.table.inputs}
+    missing, unknown = sorted(declared.keys() - inputs.keys()), sorted(inputs.keys() - declared.keys())
+    if missing or unknown:
+        return (
+            f"it holds {', '.join(map(repr, sorted(inputs))) or 'no array'}, the pipeline's inputs are "
+            f"{', '.join(map(repr, declared))}"
+        )
+    for name, array in inputs.items():
+        spec = declared[name]
+        wanted = KSERVE_TO_NUMPY[spec.datatype]
+        if not (array.dtype == wanted or (spec.datatype == "BYTES" and array.dtype.kind in "OSU")):
+            return f"'{name}' is {array.dtype}, the pipeline declares {spec.datatype}"
+        fits = len(array.shape) == len(spec.shape) and all(d in (-1, n) for d, n in zip(spec.shape, array.shape, strict=True))
+        if not fits:
+            return f"'{name}' has shape {list(array.shape)}, the pipeline declares {list(spec.shape)} (-1: any)"
+    return None
 
 
 def measure_steps(config: GatewayConfig, graph: PipelineGraph, inputs: dict[str, np.ndarray], runs: int = 3) -> Measured:
@@ -142,12 +194,14 @@ def measure_steps(config: GatewayConfig, graph: PipelineGraph, inputs: dict[str,
     thread: one core), the median of ``runs``."""
     import onnxruntime as ort
 
+    from executors.tensors import describe
     from gateway.pipeline.functions import load_function
+    from gateway.signature import ModelSignature
 
     base = config.source.resolve().parent
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    sessions, fed, functions_ms = {}, {}, {}
+    sessions, fed, functions_ms, idle = {}, {}, {}, set()
     tensors = {f"request/{k}": v for k, v in inputs.items()}
     for name in graph.order:
         step = next(s for s in graph.table.steps if s.name == name)
@@ -163,8 +217,16 @@ def measure_steps(config: GatewayConfig, graph: PipelineGraph, inputs: dict[str,
         else:
             session = sessions.setdefault(step.model, ort.InferenceSession(str(config.models[step.model].path), options))
             arrays = {i.name: arrays[i.name] for i in session.get_inputs()}
-            fed[step.model] = arrays
-            outputs = dict(zip((o.name for o in session.get_outputs()), session.run(None, arrays), strict=True))
+            signature = ModelSignature.from_json(describe(session))
+            if signature.batchable and next(iter(arrays.values())).shape[0] == 0:
+                # No rows (no text found, say): the served pipeline skips the model and gives its
+                # empty outputs (gateway/pipeline/runner.py), so the step takes no time here either.
+                idle.add(step.model)
+                outputs = {t.name: np.zeros((0, *(max(d, 0) for d in t.shape[1:])), KSERVE_TO_NUMPY[t.datatype])
+                           for t in signature.outputs}  # fmt: skip
+            else:
+                fed[step.model] = arrays
+                outputs = dict(zip((o.name for o in session.get_outputs()), session.run(None, arrays), strict=True))
         tensors.update({f"{name}/{k}": v for k, v in outputs.items()})
     measured = {}
     for model, arrays in fed.items():
@@ -183,16 +245,19 @@ def measure_steps(config: GatewayConfig, graph: PipelineGraph, inputs: dict[str,
             batch *= 2
         rows_fed = next(iter(arrays.values())).shape[0]
         measured[model] = MeasuredModel(cores=1.0, cpu_ms=points, gpu_ms={}, rows=float(rows_fed))
+    for model in idle - fed.keys():
+        measured[model] = MeasuredModel(cores=1.0, cpu_ms={}, gpu_ms={}, rows=0.0)  # skipped: no rows, no time
     return Measured(measured, functions_ms)
 
 
 def model_steps(
-    graph: PipelineGraph, functions_ms: dict[str, float] | None = None
+    graph: PipelineGraph, functions_ms: dict[str, float] | None = None, unreached: frozenset[str] = frozenset()
 ) -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[tuple[str, ...], float]]]:
     """The steps that run models (step -> model), the edges between them through function steps,
     and the paths (model steps only) with their SLAs in ms: each less the function steps'
-    ``functions_ms`` on the pipeline's paths that run its models (the most of those)."""
-    steps = {s.name: s.model for s in graph.table.steps if s.model is not None}
+    ``functions_ms`` on the pipeline's paths that run its models (the most of those). The steps
+    of ``unreached`` models (no rows on the sample) are passed through as steps of no time."""
+    steps = {s.name: s.model for s in graph.table.steps if s.model is not None and s.model not in unreached}
 
     def model_ancestors(step: str) -> set[str]:
         found: set[str] = set()
@@ -231,7 +296,9 @@ def build_pipeline(graph, measured, rate, cores, gpu_price, functions_ms, max_ba
 
     per_step = functions_ms if isinstance(functions_ms, dict) else None
     flat_ms = 0.0 if per_step is not None else float(functions_ms)
-    steps, edges, paths = model_steps(graph, per_step)
+    # A model the sample gave no rows is skipped as the served pipeline skips it: nothing to plan.
+    unreached = frozenset(m for m, profile in measured.items() if profile.rows == 0)
+    steps, edges, paths = model_steps(graph, per_step, unreached)
     planned = []
     for step, model in steps.items():
         profile = measured[model]
@@ -307,25 +374,66 @@ def run_planner(policy: str, pipeline: Any) -> dict[str, StepPlan]:
     return {s: StepPlan(c.device, c.batch, c.instances, c.latency_s, c.cost) for s, c in chosen.choices.items()}
 
 
-def apply(config_path: Path, steps: dict[str, str], choices: dict[str, Any]) -> None:
-    """Write each step's plan into its model's table, keeping the file's comments and order."""
+def planned_cores(steps: dict[str, str], choices: dict[str, Any]) -> dict[str, float]:
+    """Each model's cores in the plan, instances x cores, for the models planned on CPU instances."""
+    return {
+        model: float(choices[step].device.split(":", 1)[1]) * choices[step].instances
+        for step, model in steps.items()
+        if choices[step].device.startswith("cpu:")
+    }
+
+
+def over_the_node(cores: dict[str, float], node_cores: float) -> str | None:
+    """Why the plan's cores cannot be given on a node of ``node_cores`` cores (the first model
+    planned more than the node has: the loader and the admin API refuse it), or None."""
+    for model, wanted in cores.items():
+        if wanted > node_cores + ROUNDING:
+            return f"model '{model}' is planned {wanted:g} cores, over the node's {node_cores:g} (node.cpu_cores)"
+    return None
+
+
+def apply(config: GatewayConfig, steps: dict[str, str], choices: dict[str, Any]) -> list[str]:
+    """Write each step's plan into its model's table, keeping the file's comments and order, so
+    that the file still loads: a plan that needs more cores than the node has is refused before
+    anything is written, and cores under a model's min_cores are raised to it. Returns a line for
+    each such change of the plan."""
     import tomlkit
 
-    document = tomlkit.parse(config_path.read_text())
+    cores_of = planned_cores(steps, choices)
+    gpu_only = [m for m in cores_of if config.models[m].cpu is None]
+    problem = (
+        f"model '{gpu_only[0]}' has no CPU executor (cpu_executor = false) and the plan puts it on CPU instances"
+        if gpu_only
+        else over_the_node(cores_of, config.node.cpu_cores)
+    )
+    if problem is not None:
+        raise SystemExit(f"gateway plan: {problem}: nothing written")
+    document = tomlkit.parse(config.source.read_text())
+    changed = []
     for step, model in steps.items():
         choice = choices[step]
         table = document["models"][model]
         table["sla_ms"] = round(choice.latency_s * 1000, 1)
         table["max_batch_size"] = max(int(table.get("max_batch_size", 1)), choice.batch)
         table["dispatch_batch"] = choice.batch
-        if choice.device.startswith("cpu:"):
-            cores = float(choice.device.split(":", 1)[1]) * choice.instances
+        if model in cores_of:
+            cpu_config = config.models[model].cpu
+            assert cpu_config is not None  # refused above
+            cores, floor = cores_of[model], cpu_config.min_cores
+            if cores < floor:
+                # More cores never lengthen a step: the plan's latencies still hold at the floor.
+                changed.append(f"model '{model}': cores {floor:g}, its min_cores, rather than the planned {cores:g}")
+                cores = floor
             cpu = table.get("cpu") or tomlkit.inline_table()
             cpu["cores"] = cores
             cpu["threads"] = max(1, math.ceil(cores))
-            cpu["max_cores"] = max(float(cpu.get("max_cores", cores)), cores)
+            # The controller's ceiling is the user's: only raised where the plan needs more, never
+            # added (absent, it is the node's cores).
+            if "max_cores" in cpu and float(cpu["max_cores"]) < cores:
+                cpu["max_cores"] = cores
             table["cpu"] = cpu
-    config_path.write_text(tomlkit.dumps(document))
+    config.source.write_text(tomlkit.dumps(document))
+    return changed
 
 
 def _admin(url: str, method: str, path: str, token: str | None, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -344,7 +452,10 @@ def _admin(url: str, method: str, path: str, token: str | None, body: dict[str, 
 def apply_to(url: str, token: str | None, steps: dict[str, str], choices: dict[str, Any]) -> list[str]:
     """Set each step's plan on a running gateway: its model's SLA (the step's budget), pinned cores
     (instances x cores) and dispatch_batch. Every model is checked first (known, a CPU executor,
-    max_batch_size, fixed at start, room for the planned batch), so a plan is set whole or not at all."""
+    max_batch_size, fixed at start, room for the planned batch; the node room for its cores; the SLA
+    within what the admin API takes), so a plan is set whole or not at all."""
+    from gateway.routes import SLA_MS_RANGE
+
     wanted = []
     for step, model in steps.items():
         choice = choices[step]
@@ -357,8 +468,18 @@ def apply_to(url: str, token: str | None, steps: dict[str, str], choices: dict[s
                 f"gateway plan: model '{model}' takes batches of at most {limit} rows (max_batch_size, fixed at "
                 f"start) and the plan wants {choice.batch}: write it with --apply and restart"
             )
-        cores = float(choice.device.split(":", 1)[1]) * choice.instances
-        wanted.append((model, round(choice.latency_s * 1000, 1), cores, choice.batch))
+        sla_ms = round(choice.latency_s * 1000, 1)
+        if not SLA_MS_RANGE[0] <= sla_ms <= SLA_MS_RANGE[1]:
+            raise SystemExit(
+                f"gateway plan: model '{model}' is planned an SLA of {sla_ms:g} ms, outside the admin API's "
+                f"{SLA_MS_RANGE[0]:g} to {SLA_MS_RANGE[1]:.0f} ms: nothing set"
+            )
+        wanted.append((model, sla_ms, planned_cores({step: model}, choices)[model], choice.batch))
+    # The admin API pins at most the node's cores: a model planned more would be refused midway.
+    node_cores = float(_admin(url, "GET", "/admin/node", token)["cpu_cores"])
+    problem = over_the_node({model: cores for model, _, cores, _ in wanted}, node_cores)
+    if problem is not None:
+        raise SystemExit(f"gateway plan: {problem}: nothing set")
     done = []
     for model, sla_ms, cores, batch in wanted:
         _admin(url, "PUT", f"/admin/models/{model}/sla", token, {"sla_ms": sla_ms})
@@ -401,6 +522,10 @@ def run(args: argparse.Namespace) -> int:
     # The papers' planners keep the papers' model of evenly spaced arrivals.
     arrivals = args.arrivals if args.policy in ("ours", "even") else "even"
     pipeline, steps = build_pipeline(graph, measured.models, args.rate, cores, args.gpu_price, functions, max_batch, arrivals)
+    # Model steps the sample gave no rows (no text found, say): skipped, as in serving, so not planned.
+    unplanned = [s.name for s in graph.table.steps if s.model is not None and s.name not in steps]
+    if not steps:
+        raise SystemExit(f"gateway plan: --sample {args.sample} gives no model step a row: nothing to plan from it")
     # The function steps run in the gateway's own process, outside every executor's cores.
     gateway_cores = args.rate * sum(measured.functions_ms.values()) / 1000
     started = time.perf_counter()
@@ -418,7 +543,7 @@ def run(args: argparse.Namespace) -> int:
               "worst_case_ms": round(sum(choices[s].latency_s for s in p.steps) * 1000, 2)} for p in pipeline.paths]  # fmt: skip
     result = {"pipeline": name, "policy": args.policy, "rate": args.rate, "arrivals": arrivals, "steps": rows,
               "paths": paths, "functions_ms": {k: round(v, 3) for k, v in measured.functions_ms.items()},
-              "gateway_cores": round(gateway_cores, 3),
+              "gateway_cores": round(gateway_cores, 3), "not_planned": unplanned,
               "cost": round(sum(c.cost for c in choices.values()), 3), "planner_ms": round(took_ms, 3)}  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
@@ -435,8 +560,18 @@ def run(args: argparse.Namespace) -> int:
         if measured.functions_ms:
             spent = ", ".join(f"{k} {v:.1f} ms" for k, v in measured.functions_ms.items())
             print(f"function steps (in the gateway's process): {spent}; about {gateway_cores:.2f} cores at this rate")
+        if unplanned:
+            print(f"not planned (no rows on this sample, left as configured): {', '.join(unplanned)}")
+    total_cores = sum(planned_cores(steps, choices).values())
+    if total_cores > config.node.cpu_cores + ROUNDING:
+        print(
+            f"gateway plan: warning: the plan's models take {total_cores:g} cores together, over the node's "
+            f"{config.node.cpu_cores:g} (node.cpu_cores): this node cannot hold {args.rate:g} requests/s",
+            file=sys.stderr,
+        )
     if args.apply:
-        apply(Path(args.config), steps, choices)
+        for line in apply(config, steps, choices):
+            print(f"gateway plan: {line}", file=sys.stderr)
         print(f"written into {args.config}", file=sys.stderr)
     if args.apply_to:
         for line in apply_to(args.apply_to, args.token, steps, choices):

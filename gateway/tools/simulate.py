@@ -341,7 +341,8 @@ class Simulation:
             for name, state in self.core.models.items():
                 if state.queue:
                     self._count(name, "left", len(state.queue))
-        return self._report(requests, duration_s, end)
+        # Arrivals all at one instant span no time: their rates are over the run, to its last event.
+        return self._report(requests, duration_s or end, end)
 
     def _report(self, requests: int, duration_s: float, end: float) -> dict[str, Any]:
         good = sum(o.get("in_slo", 0) for o in self.outcomes.values())
@@ -356,21 +357,23 @@ class Simulation:
         }
         return {
             "requests": requests,
-            "goodput_rps": good / duration_s,
+            "goodput_rps": good / duration_s if duration_s else None,  # None: the whole run took no time
             "bad_rate": (requests - good) / requests if requests else 0.0,
             "late": sum(o.get("late", 0) for o in self.outcomes.values()),
             "refused": sum(o.get("refused_deadline", 0) for o in self.outcomes.values()),
             "batch_mean": float(sizes.mean()),
             "batch_p50": float(np.percentile(sizes, 50)),
             "batch_p90": float(np.percentile(sizes, 90)),
-            "gpu_idle_fraction": 1 - self.gpu_busy_s / (self.gpus * end) if self.gpus else 0.0,
+            "gpu_idle_fraction": 1 - self.gpu_busy_s / (self.gpus * end) if self.gpus and end else 0.0,
             # A run stopped early decided only the requests that had arrived by then.
             "scheduled_per_core_s": self.decided / self.core_s if self.core_s else float("inf"),
             "late_actions": self.late_actions,
             "stopped_early": self.stopped_at is not None,
             "stopped_at_s": self.stopped_at,
             "models": per_model,
-            "goodput_by_model_rps": {name: o.get("in_slo", 0) / duration_s for name, o in self.outcomes.items()},
+            "goodput_by_model_rps": {
+                name: o.get("in_slo", 0) / duration_s if duration_s else None for name, o in self.outcomes.items()
+            },
         }
 
 
@@ -416,6 +419,17 @@ def simulate(
     return {"policy": policy, "shape": shape, "offered_rps": sum(rates.values()), **result}
 
 
+def arrivals_problem(arrivals: list[tuple[float, str]]) -> str | None:
+    """Why arrival times cannot be simulated, in one line, or None: none at all, or a time that
+    is no moment of the run (NaN never compares, so the virtual clock would never pass it)."""
+    if not arrivals:
+        return "none given: nothing to simulate"
+    for t, model in arrivals:
+        if not math.isfinite(t) or t < 0:
+            return f"{t!r} (model {model!r}) is no time: each must be a finite number of seconds from 0"
+    return None
+
+
 def simulate_config(
     config_path: Path, arrivals: list[tuple[float, str]], cpu_profiles: dict[str, tuple[float, float]], seed: int = 0
 ) -> dict[str, Any]:
@@ -425,6 +439,9 @@ def simulate_config(
     alone serve it, whatever the CPU profiles."""
     from gateway.config import ConfigError, load_config
 
+    problem = arrivals_problem(arrivals)
+    if problem is not None:
+        raise SystemExit(f"gateway simulate: the arrivals: {problem}")
     try:
         config = load_config(config_path)
     except ConfigError as error:
