@@ -38,13 +38,17 @@ latest start): a machine that busy fails this test, as it should, for the gatewa
 A machine can also stall the gateway for a moment: in one full run of the suite on the VM
 (2026-11-26, evening) every model had batches late at once, EfficientNetB3 0.061 served against
 0.006 simulated, and the test alone, three times right after, had gaps of 0.000-0.007. So the
-machine's own stalls are measured beside the served run (benchmarks/stall_probe.py), and where a
-gap is over TOLERANCE while the machine stalled (an idle process waited MACHINE_STALL_MS for a
-CPU, or the hypervisor took HEAVY_STEAL_MS of a second), the arrivals are served once more. A
-gap over TOLERANCE on a machine that did not stall, or in both runs, fails. Whether the probe sees
-the stalls behind such a run is not known yet (the test prints what it saw): it sees those of the
-whole machine, not a busy neighbour's share of the cores (beside two spinning processes its
-latest wake-up was 5.5 ms, and the gap 0.020).
+machine's own stalls are measured beside the served run (benchmarks/stall_probe.py) and printed
+(an idle process that waited MACHINE_STALL_MS for a CPU, or the hypervisor taking HEAVY_STEAL_MS
+of a second). The probe sees those of the whole machine, not a busy neighbour's share of the
+cores (beside two spinning processes its latest wake-up was 5.5 ms, and the gap 0.020).
+
+It does not see all of them: in two full runs of the suite on the VM (2026-11-26 and 27) the gap
+was 0.036 and 0.035 (EfficientNetB3 served 0.042 against 0.006 simulated: 8 refused, 5 answered
+past the SLO, 3 batches late) with no late wake-up and 10 ms of steal seen, while the test alone
+right after had gaps of 0.000-0.013. So a gap over TOLERANCE is served once more in any case, and
+fails where it is over in both runs: a gateway whose core disagrees with the simulator's does so
+every time.
 """
 
 from __future__ import annotations
@@ -273,10 +277,11 @@ def test_serve_and_simulate_agree_on_each_models_bad_rate_at_the_peak(tmp_path, 
 
     served = serve(config, arrivals)
     gap = gaps(served, simulated, sent)
-    if max(gap.values()) > TOLERANCE and served.machine_stalled:
-        # The machine, not the gateway: served once more. A gateway that misses on a quiet
-        # machine, or a machine stalled twice, still fails.
-        print("over TOLERANCE while the machine stalled: served once more")
+    if max(gap.values()) > TOLERANCE:
+        # The machine, seen stalling or not (see above), rather than the core: served once more.
+        # A gateway that misses twice still fails.
+        stalled = "while the machine stalled" if served.machine_stalled else "with no stall seen"
+        print(f"over TOLERANCE {stalled}: served once more")
         served = serve(config, arrivals)
         gap = gaps(served, simulated, sent)
     for name, each in gap.items():
