@@ -927,7 +927,10 @@ class Engine:
         return executor is not None and executor.last is not None
 
     def _on_executor_change(self, executor_id: str) -> None:
-        ready = self.executors[executor_id].ready
+        executor = self.executors.get(executor_id)
+        if executor is None:
+            return  # a worker's executor forgotten (its worker let go)
+        ready = executor.ready
         memory = self.core.gpu_memory
         if not ready and memory is not None:
             # A GPU executor that went down lost the models it held: unloaded, as the core forgets
