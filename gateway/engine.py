@@ -713,6 +713,14 @@ class Engine:
         """Serve a parsed request on its model or pipeline, whichever protocol carried it: the
         result and its outputs' datatypes; a RequestFailed (a pipeline's step named) otherwise."""
         if isinstance(runtime, PipelineRuntime):
+            # Its level is each step model's: one every step model has, or a 400 before any step.
+            step_models = {s.model for s in runtime.graph.table.steps if s.model is not None}
+            levels = min((self.models[m].config.priority_levels for m in step_models), default=1)
+            if request.priority > levels:
+                raise InvalidRequest(
+                    f"parameter 'priority' is {request.priority}; pipeline '{runtime.name}''s models have priority "
+                    f"levels 1 to {levels} (priority_levels; 0: each model's default)"
+                )
             # Drained as a model's request is, between its steps and in its function steps too.
             self._running_outside_core += 1
             self._idle.clear()

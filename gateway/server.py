@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -141,7 +141,7 @@ class BodyTimedOut(InvalidRequest):
         super().__init__(f"the request body did not arrive within {timeout_s * 1000:g} ms (server.request_timeout_ms)", 408)
 
 
-async def _read_body(request: web.Request, timeout_s: float, started: float | None = None) -> list[bytes]:
+async def _read_body(request: web.Request, timeout_s: float, inflating: Executor, started: float | None = None) -> list[bytes]:
     """The request body, in pieces of at most ``BODY_CHUNK_BYTES``; ``joined`` makes them one.
     All of it must arrive within ``timeout_s`` of ``started`` (a ``perf_counter`` time; now by
     default), or BodyTimedOut: a client that stops half-way through its body holds no request
@@ -180,7 +180,7 @@ async def _read_body(request: web.Request, timeout_s: float, started: float | No
     if not codings:
         return chunks
     try:
-        return [await asyncio.to_thread(_decoded, chunks, codings, limit)]
+        return [await asyncio.get_running_loop().run_in_executor(inflating, _decoded, chunks, codings, limit)]
     except BodyTooLarge as error:
         raise InvalidRequest(str(error), status=413) from None
     except BadCoding as error:
@@ -252,6 +252,9 @@ class Handlers:
         # Decoding a large request (and encoding a large response) runs here, off the event loop.
         # One thread: the work holds the GIL, so more threads would only make the loop wait longer.
         self.codec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-codec")
+        # Compressed bodies are inflated here (zlib lets the GIL go): a pool of their own, so
+        # that neither a pipeline's slow functions nor a large decode hold them up.
+        self.inflating = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-inflate")
 
     def _runtime(self, request: web.Request) -> ModelRuntime:
         """The model the path names; a pipeline is served as a model (the same fields)."""
@@ -386,7 +389,7 @@ class Handlers:
         assert runtime.signature is not None
         if self.draining:
             return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
-        chunks = await _read_body(request, self.request_timeout_s, arrival)
+        chunks = await _read_body(request, self.request_timeout_s, self.inflating, arrival)
         parsed = await self._off_loop(
             sum(len(chunk) for chunk in chunks),
             _parse_chunks,
@@ -518,7 +521,7 @@ class Handlers:
         # orjson, not json: it refuses NaN and Infinity, which are not JSON, and nesting past
         # 1024 levels, where json.loads raises RecursionError.
         try:
-            return orjson.loads(joined(await _read_body(request, self.request_timeout_s)))
+            return orjson.loads(joined(await _read_body(request, self.request_timeout_s, self.inflating)))
         except orjson.JSONDecodeError as error:
             raise InvalidRequest(f"the body is not valid JSON: {error}") from None
 

@@ -24,10 +24,24 @@ REQUEST_TIMEOUT_MS = 1500
 FUNCTIONS = """
 import time
 
+import numpy as np
+
 
 def pause(arrays):
     time.sleep(float(arrays["seconds"][0]))
     return {"x": arrays["x"]}
+
+
+def same(arrays):
+    return {"x": arrays["x"]}
+
+
+def quit_(arrays):
+    raise SystemExit(3)
+
+
+def scalar(arrays):
+    return {"x": np.array(1.0, np.float32)}
 """
 
 CONFIG = f"""
@@ -41,6 +55,8 @@ policy = "fixed"
 path = "mlp.onnx"
 sla_ms = 1000
 max_batch_size = 8
+max_queue_size = 16
+priority_levels = 2
 cpu = {{ cores = 1.0, threads = 1 }}
 
 [pipelines.waits]
@@ -58,6 +74,54 @@ outputs = ["x"]
 name = "model"
 model = "mlp"
 inputs = {{ x = "pause/x" }}
+
+[pipelines.quick]
+sla_ms = 2000
+inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}]
+outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
+
+[[pipelines.quick.steps]]
+name = "first"
+function = "steps.py:same"
+inputs = {{ x = "request/x" }}
+outputs = ["x"]
+
+[[pipelines.quick.steps]]
+name = "model"
+model = "mlp"
+inputs = {{ x = "first/x" }}
+
+[pipelines.quits]
+sla_ms = 2000
+inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}]
+outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
+
+[[pipelines.quits.steps]]
+name = "first"
+function = "steps.py:quit_"
+inputs = {{ x = "request/x" }}
+outputs = ["x"]
+
+[[pipelines.quits.steps]]
+name = "model"
+model = "mlp"
+inputs = {{ x = "first/x" }}
+
+[pipelines.scalar]
+sla_ms = 2000
+inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}]
+outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
+
+[[pipelines.scalar.steps]]
+name = "first"
+function = "steps.py:scalar"
+inputs = {{ x = "request/x" }}
+outputs = ["x"]
+
+[[pipelines.scalar.steps]]
+name = "model"
+model = "mlp"
+inputs = {{ x = "first/x" }}
 """
 
 
@@ -182,3 +246,58 @@ def test_a_pipeline_has_tritons_series_as_its_statistics_do(pipeline):
     lines = pipeline.metrics().splitlines()
     assert 'nv_inference_request_success{model="waits",version="1"} 2' in lines
     assert f'nv_inference_count{{model="waits",version="1"}} {stat["inference_count"]}' in lines
+
+
+def _rows(rows: int, **parameters) -> dict:
+    body: dict = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 512], "data": [0.5] * 512 * rows}]}
+    return {**body, "parameters": parameters} if parameters else body
+
+
+def test_a_function_that_raises_system_exit_fails_its_request_not_the_gateway(pipeline):
+    """SystemExit from a step's function went on through the event loop: the gateway exited."""
+    for _ in range(2):
+        response = requests.post(f"{pipeline.base}/v2/models/quits/infer", json=_rows(1), timeout=30)
+        assert response.status_code == 500, response.text
+        assert response.json()["error"] == "pipeline 'quits', step 'first' failed: RuntimeError: SystemExit(3)"
+    assert pipeline.process.poll() is None
+    assert requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1), timeout=30).status_code == 200
+
+
+def test_a_scalar_fed_to_a_model_step_is_a_500_naming_the_step(pipeline):
+    response = requests.post(f"{pipeline.base}/v2/models/scalar/infer", json=_rows(1), timeout=30)
+    assert response.status_code == 500, response.text
+    expected = "pipeline 'scalar', step 'model' (model 'mlp'): the model's input 'x' is fed a scalar, with no rows"
+    assert response.json()["error"] == expected
+    assert "Traceback" not in pipeline.output()
+
+
+def test_a_refused_chunk_withdraws_its_requests_other_chunks(pipeline):
+    """40 chunks of 8 rows on a queue of 16: the chunks past it are refused at once (429), and the
+    ones queued were then all served for a request that had already failed."""
+    before = _metric(pipeline, "mlp", "success")
+    response = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(8 * 40), timeout=30)
+    assert response.status_code == 429, response.text
+    time.sleep(1.0)  # what was left queued would have been served by now
+    assert _metric(pipeline, "mlp", "success") - before <= 2  # at most what was already running
+    assert _metric(pipeline, "mlp", "queue_full") >= 1
+
+
+def test_a_pipelines_priority_is_its_steps_and_checked(pipeline):
+    refused = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1, priority=7), timeout=30)
+    assert refused.status_code == 400
+    assert "parameter 'priority' is 7; pipeline 'quick''s models have priority levels 1 to 2" in refused.json()["error"]
+    assert requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1, priority=1), timeout=30).status_code == 200
+
+
+def test_slow_function_steps_of_one_pipeline_hold_up_no_other(pipeline):
+    """The function steps ran in the event loop's default pool (min(32, CPUs + 4) threads): 40
+    slow requests of one pipeline filled it, and another pipeline's quick step waited behind
+    them past its deadline (504)."""
+    slow = [threading.Thread(target=_infer, args=(pipeline, 1.2)) for _ in range(40)]
+    for thread in slow:
+        thread.start()
+    time.sleep(0.3)  # the slow functions hold their threads
+    quick = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1), timeout=30)
+    for thread in slow:
+        thread.join()
+    assert quick.status_code == 200, quick.text

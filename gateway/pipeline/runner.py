@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from gateway.engine import Engine, ModelRuntime, Result
 
 NUMPY_TO_KSERVE = {dtype: name for name, dtype in KSERVE_TO_NUMPY.items()}
+# Threads of each pipeline's function steps: as many of its requests' functions run at once.
+FUNCTION_THREADS = 8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class PipelineRuntime:
     gpu_profile: None = None  # no GPU batches of its own: its steps' models have theirs
     platform: str = "ensemble"  # what Triton calls a model made of models
     ready_check: Callable[[], bool] = lambda: True
+    # The function steps run here, in threads of the pipeline's own: in the loop's default pool
+    # (six threads on two cores), a pipeline's slow functions held up every other pipeline's.
+    threads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(FUNCTION_THREADS, "pipeline-step"))
 
     @classmethod
     def build(cls, name: str, table: PipelineTable, models: dict[str, ModelRuntime], base: Path) -> PipelineRuntime:
@@ -123,7 +130,8 @@ class PipelineRuntime:
             limit_s = min(limit_s, request.timeout_us / 1e6)
         deadline = _Deadline(arrival + limit_s, limit_s)
         for wave in self.graph.levels():
-            results = await asyncio.gather(*(self._step(engine, steps[name], tensors, deadline) for name in wave))
+            steps_of_wave = [self._step(engine, steps[name], tensors, deadline, request.priority) for name in wave]
+            results = await _all_or_none(steps_of_wave)
             for name, outputs in zip(wave, results, strict=True):
                 tensors.update({f"{name}/{k}": v for k, v in outputs.items()})
         outputs = {t.name: tensors[t.source] for t in self.graph.table.outputs if t.source is not None}
@@ -144,16 +152,16 @@ class PipelineRuntime:
         return {**{k: NUMPY_TO_KSERVE.get(v.dtype, "BYTES") for k, v in outputs.items()}, **self.datatypes}
 
     async def _step(
-        self, engine: Engine, step: PipelineStep, tensors: dict[str, np.ndarray], deadline: _Deadline
+        self, engine: Engine, step: PipelineStep, tensors: dict[str, np.ndarray], deadline: _Deadline, priority: int
     ) -> dict[str, np.ndarray]:
         arrays = {name: tensors[source] for name, source in step.inputs.items()}
         if step.model is not None:
-            return await self._model_step(engine, step, arrays, deadline)
+            return await self._model_step(engine, step, arrays, deadline, priority)
         function = self.functions[step.name]
         where = f"pipeline '{self.name}', step '{step.name}'"
         try:
             async with asyncio.timeout(deadline.left_s(where)):
-                outputs = await asyncio.get_running_loop().run_in_executor(None, function, arrays)
+                outputs = await asyncio.get_running_loop().run_in_executor(self.threads, _call, function, arrays)
         except TimeoutError:
             raise deadline.passed(where) from None
         except ValueError as error:
@@ -170,7 +178,7 @@ class PipelineRuntime:
         return {o: outputs[o] for o in step.outputs}
 
     async def _model_step(
-        self, engine: Engine, step: PipelineStep, arrays: dict[str, np.ndarray], deadline: _Deadline
+        self, engine: Engine, step: PipelineStep, arrays: dict[str, np.ndarray], deadline: _Deadline, priority: int
     ) -> dict[str, np.ndarray]:
         from gateway.engine import RequestFailed
 
@@ -183,6 +191,8 @@ class PipelineRuntime:
             if spec.name not in arrays:
                 raise StepFailed(f"{where}: the model's input '{spec.name}' is fed nothing", 500, "internal_error")
             arrays[spec.name] = _as_datatype(arrays[spec.name], spec.datatype, f"{where}, input '{spec.name}'")
+            if signature.batchable and arrays[spec.name].ndim == 0:
+                raise StepFailed(f"{where}: the model's input '{spec.name}' is fed a scalar, with no rows", 500, "internal_error")
         rows = next(iter(arrays.values())).shape[0] if signature.batchable else 1
         if signature.batchable and rows == 0:
             # Nothing to run (no text found, say): empty outputs, as the model would give.
@@ -202,6 +212,7 @@ class PipelineRuntime:
                 [RequestedOutput(t.name, True) for t in signature.outputs],
                 next(iter(chunk.values())).shape[0] if signature.batchable else 1,
                 timeout_us=max(1, round(deadline.left_s(where) * 1e6)),  # the model's queue times it out
+                priority=priority,  # the pipeline's request's level, in each step model's queue
             )
             engine.received(runtime)
             arrival, result, outcome = time.perf_counter(), None, "internal_error"
@@ -220,8 +231,34 @@ class PipelineRuntime:
             finally:
                 engine.record(runtime, outcome, arrival, result)
 
-        parts = await asyncio.gather(*(one(c) for c in chunks))
+        parts = await _all_or_none([one(c) for c in chunks])
         return {t.name: np.concatenate([p[t.name] for p in parts]) for t in signature.outputs}
+
+
+async def _all_or_none(steps: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every one's result, in order; at the first that fails, the others are cancelled (their
+    requests leave their models' queues) before its error is raised. With ``gather`` a request
+    refused at once (429) left its other chunks and steps queued, and they were served."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        pending = [task for task in tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _call(function: StepFunction, arrays: dict[str, np.ndarray]) -> Any:
+    """A step's function, in a thread of the pipeline's. SystemExit or KeyboardInterrupt raised by
+    it are its failure, not a request to stop the gateway (they went on through the event loop and
+    ended the process): raised as a RuntimeError that names them."""
+    try:
+        return function(arrays)
+    except Exception:
+        raise
+    except BaseException as error:
+        raise RuntimeError(f"{type(error).__name__}({error})") from None
 
 
 @dataclass(frozen=True)
