@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import io
+import itertools
 import logging
 import os
 import socket
@@ -40,6 +41,7 @@ from typing import Any
 import docker
 import docker.errors
 import psutil
+import requests
 from docker.models.containers import Container
 
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor
@@ -168,6 +170,14 @@ def import_host_image(client: docker.DockerClient, tag: str = HOST_RUNTIME_IMAGE
     log.info("imported the host-runtime executor image %s", tag)
 
 
+# What the Docker SDK raises when the daemon answers with an error, and when it cannot be reached
+# at all (a daemon restarting: requests' ConnectionError, no DockerException).
+DAEMON_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+# How long a removal already under way is waited for.
+REMOVAL_WAIT_S = 30
+_INSTANCES = itertools.count(1)
+
+
 class DockerExecutor(SupervisedExecutor):
     backend = "docker"
 
@@ -178,6 +188,9 @@ class DockerExecutor(SupervisedExecutor):
         self.container: Container | None = None
         self._launched: Container | None = None  # the last container made, once the daemon has made it
         self._launches = 0
+        # Its containers' names are its own: a reloaded model's executor is another object, and
+        # a name counted from 1 again met its predecessor's container while Docker removed it.
+        self._instance = next(_INSTANCES)
         self._resize: asyncio.Task[None] | None = None
         self._relay: threading.Thread | None = None  # follows the container's output
 
@@ -212,7 +225,7 @@ class DockerExecutor(SupervisedExecutor):
         self._launches += 1
         options: dict[str, Any] = {
             "command": self._command(inside),
-            "name": f"sla-gw-{os.getpid()}-{self.id.replace(':', '-')}-{self._launches}",
+            "name": f"sla-gw-{os.getpid()}-{self.id.replace(':', '-')}-{self._instance}-{self._launches}",
             "labels": {LABEL: self.id, OWNER_LABEL: self.docker.owner},
             "volumes": volumes,
             "network_mode": "host",
@@ -284,7 +297,7 @@ class DockerExecutor(SupervisedExecutor):
             status = await self.docker.call(handle.wait)
         except docker.errors.NotFound:
             return "container removed"
-        except docker.errors.DockerException as error:
+        except DAEMON_ERRORS as error:
             return f"lost track of the container: {error}"
         # The stream ends with the container: its last lines are in output_tail before we say how it ended.
         if self._relay is not None:
@@ -294,18 +307,26 @@ class DockerExecutor(SupervisedExecutor):
             await self.docker.call(handle.reload)
             if handle.attrs["State"].get("OOMKilled"):
                 return f"killed by the kernel: out of memory (over its limit of {self.memory_mb:g} MB, memory_mb)"
-        except docker.errors.DockerException:
+        except DAEMON_ERRORS:
             pass
         return "killed (exit code 137)" if code == 137 else f"exited with code {code}"
 
     async def _kill(self, handle: Container) -> None:
+        """The container removed, whoever began it; a daemon out of reach is logged, not raised
+        (it ended its containers as it went, and what it kept the next gateway removes)."""
         try:
             await self.docker.call(handle.remove, force=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as error:
-            if error.status_code != 409:  # removal already in progress
+            if error.status_code != 409:
                 raise
+            # Its removal was already under way: returning now, a stop left the container
+            # behind for a moment, long enough for a reload's container to find its name taken.
+            with contextlib.suppress(docker.errors.NotFound, *DAEMON_ERRORS):
+                await self.docker.call(handle.wait, condition="removed", timeout=REMOVAL_WAIT_S)
+        except requests.exceptions.RequestException as error:
+            log.error("executor %s: container %s not removed, the Docker daemon is out of reach: %s", self.id, handle.name, error)
 
     # -- once it is up ----------------------------------------------------------------------
     async def _on_ready(self) -> None:

@@ -129,6 +129,14 @@ class SupervisedExecutor(abc.ABC):
     async def _kill(self, handle: Any) -> None:
         """Make sure the launched executor is gone."""
 
+    async def _end_run(self, handle: Any) -> None:
+        """``_kill`` before a restart; where it fails, the restart is tried all the same (an error
+        that escaped here ended the supervision for good: never restarted, never stopped)."""
+        try:
+            await self._kill(handle)
+        except Exception as error:
+            log.error("executor %s: could not make sure its last run ended: %s; restarting it anyway", self.id, error)
+
     async def _on_ready(self) -> None:
         """The executor said hello: put it under the actuator and give it its cores."""
         self._attach()
@@ -357,7 +365,7 @@ class SupervisedExecutor(abc.ABC):
             if accepted not in done:
                 accepted.cancel()
                 how = exited.result() if exited in done else f"no hello and no output for {START_TIMEOUT_S:.0f} s"
-                await self._kill(handle)
+                await self._end_run(handle)
                 message = f"executor {self.id} failed to start: {how}\n" + "\n".join(self.output_tail)
                 if not first_start.done():
                     self._set_state("failed")
@@ -385,7 +393,7 @@ class SupervisedExecutor(abc.ABC):
                     await self._kill(handle)
                     return
                 self._set_state("restarting")
-                await self._kill(handle)
+                await self._end_run(handle)
                 how = await exited
                 log.error("executor %s (pid %s) ended: %s; restarting", self.id, self.pid, how)
                 if loop.time() - started_at > STABLE_AFTER_S:

@@ -345,3 +345,67 @@ async def test_an_executor_stopped_while_its_container_is_made_leaves_none(
         await asyncio.wait_for(starting, 10)
     await asyncio.sleep(2.0)  # the thread has made the container and removed it
     assert client.containers.list(all=True, filters={"label": f"{LABEL}=cut-short"}) == []
+
+
+async def test_a_daemon_out_of_reach_neither_ends_the_supervision_nor_leaves_it_restarting(
+    docker_backend, client, monkeypatch, example_models, tmp_path
+):
+    """A daemon restarting answers the SDK with requests' ConnectionError, no DockerException:
+    raised from the removal of the dead container, it ended the supervision for good (never
+    restarted: ready never again, and a stop left the container behind)."""
+    from docker.models.containers import Container
+
+    executor = DockerExecutor(
+        "daemon-away", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend
+    )
+    await executor.start()
+    try:
+        unreachable = requests.exceptions.ConnectionError("the daemon is restarting")
+        calls = {"remove": 0, "wait": 0}
+        remove, wait = Container.remove, Container.wait
+
+        def remove_once_unreachable(self, *args, **kwargs):
+            calls["remove"] += 1
+            if calls["remove"] == 1:
+                raise unreachable
+            return remove(self, *args, **kwargs)
+
+        def wait_once_unreachable(self, *args, **kwargs):
+            calls["wait"] += 1
+            if calls["wait"] == 1:
+                raise unreachable
+            return wait(self, *args, **kwargs)
+
+        monkeypatch.setattr(Container, "remove", remove_once_unreachable)
+        monkeypatch.setattr(Container, "wait", wait_once_unreachable)
+        old = executor.container
+        assert old is not None
+        client.containers.get(old.id).kill()
+        deadline = time.monotonic() + 30
+        while not (executor.ready and executor.restarts >= 1) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert executor.ready and executor.restarts >= 1, (executor.state, executor.restarts)
+        assert calls["remove"] >= 1
+    finally:
+        await executor.stop()
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL}=daemon-away"}):
+            container.remove(force=True)  # the first one, which the daemon "out of reach" kept
+
+
+MLP_BODY = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.25] * 512}]}
+
+
+def test_a_model_reloaded_again_and_again_is_served_each_time(client, tmp_path, example_models):
+    """A reload's new executor named its first container as its predecessor's was named, while
+    Docker was still removing that one: 409 Conflict, and the model was left unloaded (about one
+    reload in three)."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    config = docker_config(
+        tmp_path / "config.toml", '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 500\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    with run_gateway(config) as gateway:
+        for attempt in range(8):
+            loaded = requests.post(f"{gateway.base}/v2/repository/models/mlp/load", timeout=120)
+            assert loaded.status_code == 200, (attempt, loaded.text)
+            assert requests.post(f"{gateway.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=30).status_code == 200
+        assert len(owned_by(client, gateway.process.pid)) == 1
