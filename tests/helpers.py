@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ import onnx
 import onnxruntime as ort
 import psutil
 import requests
+from aiohttp import web
 from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,3 +272,16 @@ def kill_hard(gateway: Gateway, model: str) -> None:
     gateway.process.kill()
     gateway.process.wait()
     executor.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def stand_in(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a free port of 127.0.0.1 for the block: its base URL (a stand-in for a
+    gateway, answering only what a test needs)."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

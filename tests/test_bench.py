@@ -18,7 +18,7 @@ from aiohttp import web
 from gateway.tools import bench
 from gateway.tools.arguments import rate_steps
 from gateway.tools.bench import arrival_times, open_loop
-from tests.helpers import ROOT, free_port, run_gateway, write_config
+from tests.helpers import ROOT, free_port, run_gateway, stand_in, write_config
 
 # A stand-in for a gateway: the model's metadata and config (its SLA), and infer answered at once.
 STAND_IN = """
@@ -113,18 +113,10 @@ async def test_open_loop_times_requests_from_when_they_were_due():
 
     app = web.Application()
     app.router.add_post("/infer", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/infer"
     times = [0.0, 0.001, 0.002, 0.003, 0.004, 0.005]
-    try:
-        async with aiohttp.ClientSession() as session:
-            behind = await open_loop(session, url, b"{}", times, SlowBar())  # type: ignore[arg-type]
-            on_time = await open_loop(session, url, b"{}", times, None)
-    finally:
-        await runner.cleanup()
+    async with stand_in(app) as base, aiohttp.ClientSession() as session:
+        behind = await open_loop(session, f"{base}/infer", b"{}", times, SlowBar())  # type: ignore[arg-type]
+        on_time = await open_loop(session, f"{base}/infer", b"{}", times, None)
     assert behind.statuses == on_time.statuses == {"200": 6}
     assert min(behind.latencies_ms) >= 6 * 50 - 5
     assert max(on_time.latencies_ms) < 200  # on schedule, only the answer's own time
@@ -186,19 +178,15 @@ async def test_a_request_past_the_client_timeout_is_counted_an_error(load, monke
     app.router.add_get("/v2/models/m", metadata)
     app.router.add_get("/v2/models/m/config", config)
     app.router.add_post("/v2/models/m/infer", never)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     monkeypatch.setattr(bench, "CLIENT_TIMEOUT_S", 0.3)
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args([f"http://127.0.0.1:{runner.addresses[0][1]}", "--model", "m", "--quiet", *load])
-    try:
-        result = await bench._run(args)
-    finally:
-        released.set()
-        await runner.cleanup()
+    async with stand_in(app) as base:
+        args = parser.parse_args([base, "--model", "m", "--quiet", *load])
+        try:
+            result = await bench._run(args)
+        finally:
+            released.set()
     assert result["requests"] > 0 and result["succeeded"] == 0
     assert result["statuses"] == {"TimeoutError": result["requests"]} and result["errors"] == result["requests"]
     assert result["sla_ms"] == 50  # the server answers all but infer

@@ -12,7 +12,7 @@ import requests
 from aiohttp import web
 
 from gateway.tools.identify import _step
-from tests.helpers import ROOT, busy_model, run_gateway
+from tests.helpers import ROOT, busy_model, run_gateway, stand_in
 
 
 def _config(tmp_path, policy: str = "pi") -> None:
@@ -106,14 +106,6 @@ async def test_a_step_under_two_seconds_is_measured_over_its_last_period_only():
     app.router.add_put("/admin/models/m/cores", pin)
     app.router.add_post("/v2/models/m/infer", infer)
     app.router.add_get("/admin/models/m/history", described)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            step = await _step(session, base, "m", 0.5, b"{}", argparse.Namespace(rate=5.0, seconds=1.0))
-    finally:
-        await runner.cleanup()
+    async with stand_in(app) as base, aiohttp.ClientSession() as session:
+        step = await _step(session, base, "m", 0.5, b"{}", argparse.Namespace(rate=5.0, seconds=1.0))
     assert step == {"cores": 0.5, "requests": 5, "mean_rt_ms": 10.0}
