@@ -75,54 +75,32 @@ name = "model"
 model = "mlp"
 inputs = {{ x = "pause/x" }}
 
-[pipelines.quick]
+"""
+
+
+def _function_then_mlp(name: str, function: str) -> str:
+    """A pipeline NAME: the function steps.py:FUNCTION on the request's x, then the MLP."""
+    return f"""
+[pipelines.{name}]
 sla_ms = 2000
 inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}]
 outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
 
-[[pipelines.quick.steps]]
+[[pipelines.{name}.steps]]
 name = "first"
-function = "steps.py:same"
+function = "steps.py:{function}"
 inputs = {{ x = "request/x" }}
 outputs = ["x"]
 
-[[pipelines.quick.steps]]
-name = "model"
-model = "mlp"
-inputs = {{ x = "first/x" }}
-
-[pipelines.quits]
-sla_ms = 2000
-inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}]
-outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
-
-[[pipelines.quits.steps]]
-name = "first"
-function = "steps.py:quit_"
-inputs = {{ x = "request/x" }}
-outputs = ["x"]
-
-[[pipelines.quits.steps]]
-name = "model"
-model = "mlp"
-inputs = {{ x = "first/x" }}
-
-[pipelines.scalar]
-sla_ms = 2000
-inputs = [{{ name = "x", datatype = "FP32", shape = [-1, 512] }}]
-outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/y" }}]
-
-[[pipelines.scalar.steps]]
-name = "first"
-function = "steps.py:scalar"
-inputs = {{ x = "request/x" }}
-outputs = ["x"]
-
-[[pipelines.scalar.steps]]
+[[pipelines.{name}.steps]]
 name = "model"
 model = "mlp"
 inputs = {{ x = "first/x" }}
 """
+
+
+FUNCTION_PIPELINES = {"quick": "same", "quits": "quit_", "scalar": "scalar"}
+CONFIG += "".join(_function_then_mlp(name, function) for name, function in FUNCTION_PIPELINES.items())
 
 
 @pytest.fixture
