@@ -581,7 +581,7 @@ class Engine:
         versions = self.versions.get(name)
         if versions is not None:
             key = versions.get(version) if version else versions[max(versions, key=int)]
-        elif version in (None, "1") and name not in self._version_keys():
+        elif version in (None, "1") and not (self.versions and name in self._version_keys()):
             key = name
         else:
             return None

@@ -154,8 +154,9 @@ async def _read_body(request: web.Request, timeout_s: float, inflating: Executor
     (gateway/content_coding.py).
     """
     limit = request.client_max_size
+    content_encoding = request.headers.get(hdrs.CONTENT_ENCODING)
     try:
-        codings = codings_of(request.headers.get(hdrs.CONTENT_ENCODING, ""))
+        codings = codings_of(content_encoding) if content_encoding else []
     except UnsupportedCoding as error:
         raise InvalidRequest(str(error), status=415) from None
     request.content.set_read_chunk_size(limit)  # as request.read() does: fewer pauses of the socket
