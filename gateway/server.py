@@ -7,7 +7,6 @@ import contextlib
 import gc
 import hmac
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
 from gateway.routes import ROUTES, SLA_MS_RANGE, plane
+from gateway.stopping import start_unless_stopped, stop_on_signals
 from gateway.tracing import RequestTracer, start_tracing
 from gateway.ui.assets import ASSETS, PAGE, read_asset
 from gateway.ui.live import live_document, seconds_asked
@@ -633,14 +633,10 @@ def run(config: GatewayConfig) -> None:
 
 async def serve(config: GatewayConfig) -> None:
     """Start the executors, then the HTTP server; run until SIGINT or SIGTERM."""
+    # Heard before the engine makes the executors' groups and socket folder (gateway/stopping.py).
+    stop = stop_on_signals()
     engine = Engine(config, GatewayMetrics())
-    loop = asyncio.get_running_loop()
-    # Signals are heard from the first moment: one during the start stops what has started
-    # (executors, their groups, the socket folder) where it killed the process with them left.
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if not await _start_unless_stopped(engine, stop):
+    if not await start_unless_stopped(engine.start(), stop, engine.stop):
         log.info("stopped while starting")
         return
     tracer = start_tracing(config.tracing)
@@ -709,22 +705,6 @@ async def serve(config: GatewayConfig) -> None:
     await runner.cleanup()
     if tracer is not None:
         tracer.shutdown()
-
-
-async def _start_unless_stopped(engine: Engine, stop: asyncio.Event) -> bool:
-    """Start ``engine``; where ``stop`` is set first, stop what has started instead: False."""
-    starting = asyncio.ensure_future(engine.start())
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if starting.done():
-        starting.result()  # a start that failed raises, as it did
-        return True
-    starting.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await starting
-    await engine.stop()
-    return False
 
 
 async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connections, asyncio.Server]:

@@ -58,6 +58,7 @@ from gateway.config import GatewayConfig, worker_token_error
 from gateway.control import ControlLoop
 from gateway.logs import ACCESS_LOG, AccessLog
 from gateway.node import NodeExecutors, build_node_executors
+from gateway.stopping import start_unless_stopped, stop_on_signals
 from supervisor.node import Allocation, Window
 
 log = logging.getLogger("gateway.worker")
@@ -454,14 +455,12 @@ class WorkerNode:
 
 async def serve_worker(config: GatewayConfig) -> None:
     """Run a worker until SIGTERM or SIGINT."""
-    import signal
-
+    # Heard before the node makes its executors' groups and socket folder (gateway/stopping.py).
+    stop = stop_on_signals()
     node = WorkerNode(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await node.start()
+    if not await start_unless_stopped(node.start(), stop, node.stop):
+        log.info("stopped while starting")
+        return
     # Start-up's objects out of the collector's reach, as in gateway/server.py's serve.
     gc.collect()
     gc.freeze()
