@@ -84,7 +84,13 @@ def pi_gains(k: float, b: float, q: float) -> PIGains:
     a = ((2 - b) * q - b) / denominator
     if a == b:
         raise ValueError(f"equation (12) gives a = b = {a}: the controller would cancel the plant zero")
-    return PIGains(K=4 * (a - 1) * (b - 1) / (k * (b - a) ** 2), a=a)
+    try:
+        gain = 4 * (a - 1) * (b - 1) / (k * (b - a) ** 2)
+    except (OverflowError, ZeroDivisionError):
+        gain = math.inf
+    if not (math.isfinite(gain) and math.isfinite(a)):
+        raise ValueError(f"equation (12) gives no finite gain for k={k}, b={b}, q={q}")
+    return PIGains(K=gain, a=a)
 
 
 def tracking_error(mean_rt_ms: float | None, sla_ms: float, setpoint_ratio: float) -> float:

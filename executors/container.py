@@ -46,6 +46,7 @@ from docker.models.containers import Container
 
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor
 from executors.limits import CFS_PERIOD_US, cfs_bandwidth, quota_cores
+from executors.names import safe_name
 
 log = logging.getLogger("executors")
 # How long an exited container's output may take to reach the gateway before it says how it ended.
@@ -225,7 +226,7 @@ class DockerExecutor(SupervisedExecutor):
         self._launches += 1
         options: dict[str, Any] = {
             "command": self._command(inside),
-            "name": f"sla-gw-{os.getpid()}-{self.id.replace(':', '-')}-{self._instance}-{self._launches}",
+            "name": f"sla-gw-{os.getpid()}-{safe_name(self.id)}-{self._instance}-{self._launches}",
             "labels": {LABEL: self.id, OWNER_LABEL: self.docker.owner},
             "volumes": volumes,
             "network_mode": "host",

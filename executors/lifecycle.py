@@ -24,6 +24,7 @@ import psutil
 
 from executors.connection import ExecutorConnection, ExecutorFailed
 from executors.limits import Actuator
+from executors.names import safe_name
 
 log = logging.getLogger("executors")
 
@@ -97,7 +98,7 @@ class SupervisedExecutor(abc.ABC):
         self.warmup, self.fixed_batch_shapes = warmup, fixed_batch_shapes
         self.cudnn_conv_algo_search = cudnn_conv_algo_search
         self.warmed: dict[str, Any] = {}
-        self.socket_path = socket_dir / f"{executor_id}.sock"
+        self.socket_path = socket_dir / f"{safe_name(executor_id)}.sock"
         self.state = "new"
         self.restarts = 0
         self.pid: int | None = None
@@ -153,10 +154,10 @@ class SupervisedExecutor(abc.ABC):
         """The worker's command line; ``model_paths`` where the worker sees the models, if elsewhere."""
         args = ["-m", "executors.worker", "--connect", connect, "--threads", str(self.threads)]
         for name, path in (model_paths or self.models).items():
-            args += ["--model", f"{name}={path}"]
+            args.append(f"--model={name}={path}")  # one word: a name may begin with "-"
         if self.emulate:
             for name, (per_item_ms, fixed_ms) in self.emulate.items():
-                args += ["--emulate", f"{name}={per_item_ms},{fixed_ms}"]
+                args.append(f"--emulate={name}={per_item_ms},{fixed_ms}")
             if self.emulate_zeros:
                 args.append("--emulate-zeros")
         elif self.device.startswith("gpu"):
@@ -166,7 +167,7 @@ class SupervisedExecutor(abc.ABC):
                 for flag, wanted in (("--fixed-batches", self.fixed_batch_shapes), ("--warmup", self.warmup)):
                     if wanted:
                         for name, max_batch in self.gpu_batches.items():
-                            args += [flag, f"{name}={max_batch}"]
+                            args.append(f"{flag}={name}={max_batch}")
         if self.model_cache:
             args.append("--model-cache")
         return args

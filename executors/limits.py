@@ -42,6 +42,8 @@ from typing import Protocol
 
 import psutil
 
+from executors.names import safe_name
+
 log = logging.getLogger("executors")
 
 CFS_PERIOD_US = 10_000
@@ -74,7 +76,7 @@ def quota_cores(cores: float, period_us: int) -> float:
 
 def group_name(executor_id: str) -> str:
     """The one naming scheme of every executor's group, relative to a hierarchy's root."""
-    return f"gateway-{os.getpid()}/{executor_id}"
+    return f"gateway-{os.getpid()}/{safe_name(executor_id)}"
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,32 @@ if TYPE_CHECKING:
     from gateway.config import GatewayConfig
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 0-65535, as the config's ports are: the kernel took 86936 as 21400."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {port}")
+    return port
+
+
+def listen_address(text: str) -> str:
+    """HOST:PORT, as worker.listen is checked in the config."""
+    from gateway.config.schema import host_port
+
+    try:
+        return host_port(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config")
     parser.add_argument("--host", help="overrides server.host")
-    parser.add_argument("--port", type=int, help="overrides server.port")
-    parser.add_argument("--grpc-port", type=int, help="overrides server.grpc_port (0: no gRPC)")
+    parser.add_argument("--port", type=port_number, help="overrides server.port")
+    parser.add_argument("--grpc-port", type=port_number, help="overrides server.grpc_port (0: no gRPC)")
 
 
 def _log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     worker = commands.add_parser("worker", help="run one node of a cluster: its executors and their cores, for dispatchers")
     worker.add_argument("config")
-    worker.add_argument("--listen", help="overrides worker.listen (HOST:PORT)")
-    worker.add_argument("--http-port", type=int, help="overrides worker.http_port")
+    worker.add_argument("--listen", type=listen_address, help="overrides worker.listen (HOST:PORT)")
+    worker.add_argument("--http-port", type=port_number, help="overrides worker.http_port")
     worker.add_argument("--name", help="overrides worker.name")
     _log_arguments(worker)
     worker.set_defaults(run=_worker)

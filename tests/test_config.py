@@ -113,6 +113,18 @@ def test_example_config_loads(example_models):
             "models.m.dispatch_batch",
             "over max_batch_size (4)",
         ),
+        # A traceback at load (an overflow in equation (12)), and a name whose metadata URL is
+        # Triton's statistics of every model.
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nplant = { zero = -1e308 }\n", "models.m.plant", "no finite gain"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nplant = { gain = 1e-310 }\n", "models.m.plant", "no finite gain"),
+        ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nplant = { pole = 1.0 }\n", "models.m.plant.pole", "in [0, 1)"),
+        ("[models.stats]\npath = 'mlp.onnx'\nsla_ms = 10\n", "models.stats", "every model's statistics"),
+        # pydantic's names of a choice's branches, and a too-short list beside its refused item.
+        (
+            "[cluster]\nworkers = ['nohost']\ntoken = '0123456789abcdef'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n",
+            "cluster.workers[0]",
+            "must be HOST:PORT",
+        ),
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):
@@ -271,3 +283,97 @@ def test_a_pipeline_step_whose_model_is_not_onnx_is_named(tmp_models):
         "steps = [{ name = 's', model = 'm', inputs = { x = 'request/x' } }]\n"
     )
     _assert_refused(tmp_models, text, "models.m.path", "is not an ONNX model")
+
+
+def test_a_choice_or_a_refused_item_is_named_once_in_the_files_words(tmp_models):
+    """``workers = ["nohost"]`` named pydantic's branches (``cluster.workers.str``, ``tuple[function-
+    after[...]]``), and a step's bad name added a false "steps: at least 1 item"."""
+    path = _write(
+        tmp_models,
+        "[cluster]\nworkers = ['nohost']\ntoken = '0123456789abcdef'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n"
+        "[pipelines.p]\nsla_ms = 1\ninputs = [{name = 'a', datatype = 'FP32', shape = [1]}]\n"
+        "outputs = [{name = 'b', datatype = 'FP32', shape = [1], source = 's/y'}]\n"
+        "steps = [{name = '1s', model = 'm', inputs = {x = 'request/a'}}]\n",
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    keys = [line.split(": ")[1] for line in str(caught.value).splitlines()]
+    assert keys == ["cluster.workers[0]", "pipelines.p.steps[0].name"], str(caught.value)
+
+
+@pytest.mark.parametrize("variable", ["GATEWAY_DATA_TOKEN", "GATEWAY_ADMIN_TOKEN", "GATEWAY_WORKER_TOKEN"])
+def test_a_token_is_read_without_the_whitespace_around_it(tmp_models, monkeypatch, variable):
+    """A secret file ends in a newline: the token held it, a header's value never does (RFC 9110
+    5.5), and every HTTP client got 401 whatever it sent."""
+    monkeypatch.setenv(variable, "s3cret-token-0123456789\n")
+    config = load_config(
+        _write(tmp_models, "[server]\nadmin_token = ' a\t'\ndata_token = 'd '\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n")
+    )
+    tokens = {
+        "GATEWAY_DATA_TOKEN": config.server.data_token,
+        "GATEWAY_ADMIN_TOKEN": config.server.admin_token,
+        "GATEWAY_WORKER_TOKEN": config.worker.token,
+    }
+    assert tokens.pop(variable) == "s3cret-token-0123456789"
+    assert set(tokens.values()) <= {"a", "d", None}
+
+
+def test_the_default_threads_are_held_to_the_cap(tmp_models):
+    """node.cpu_cores = 300 gave each executor 300 intra-op threads; 1e300 a traceback in the executor."""
+    for cores in ("300", "1e300"):
+        config = load_config(_write(tmp_models, f"[node]\ncpu_cores = {cores}\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n"))
+        assert config.models["m"].cpu.threads == 256
+
+
+@pytest.mark.parametrize("kind", ["directory", "not UTF-8"])
+def test_a_config_that_is_no_text_file_is_refused_without_a_traceback(tmp_path, kind):
+    path = tmp_path / "config.toml"
+    if kind == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"[models.m]\npath = '\xff.onnx'\n")
+    for command in ("serve", "worker"):
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", command, str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"{path}: (file): " in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [
+        (["serve", "--port", "86936"], "--port: must be a port number from 0 to 65535, got 86936"),
+        (["serve", "--grpc-port", "-1"], "--grpc-port: must be a port number from 0 to 65535, got -1"),
+        (["worker", "--http-port", "70000"], "--http-port: must be a port number from 0 to 65535, got 70000"),
+        (["worker", "--listen", "nope"], "--listen: must be HOST:PORT"),
+    ],
+)
+def test_a_port_given_on_the_command_line_is_checked_as_the_configs_are(tmp_models, arguments, words):
+    """--port 86936 was served on 21400 (the kernel keeps 16 bits); --listen nope and --http-port
+    70000 ended a worker in a traceback."""
+    path = _write(tmp_models, "[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n")
+    command, *options = arguments
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", command, str(path), *options], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert words in done.stderr
+
+
+def test_the_schema_refuses_what_the_loader_refuses_of_one_key():
+    """These passed the schema (an editor's check) and were refused by the loader."""
+    import jsonschema_rs
+
+    validator = jsonschema_rs.validator_for(json_schema())
+    model = {"m": {"path": "mlp.onnx", "sla_ms": 20}}
+    assert validator.is_valid({"models": model, "worker": {"listen": "0.0.0.0:7070"}, "node": {"gpus": [0, 1]}})
+    for wrong in (
+        {"node": {"gpus": [0, 0]}},
+        {"worker": {"listen": "nope"}},
+        {"cluster": {"workers": ["a:1"], "dns_server": "x"}},
+        {"tracing": {"otlp_endpoint": "ftp://x"}},
+        {"models": {"m": {"path": "mlp.onnx", "sla_ms": 20, "plant": {"pole": 1.0}}}},
+        {"models": {"stats": {"path": "mlp.onnx", "sla_ms": 20}}},
+    ):
+        assert not validator.is_valid({"models": model, **wrong}), wrong

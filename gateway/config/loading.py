@@ -16,6 +16,7 @@ import json
 import math
 import os
 import tomllib
+import types
 import typing
 from collections.abc import Sequence
 from functools import cache
@@ -63,6 +64,8 @@ def _file_adapter() -> TypeAdapter[ConfigFile]:
     return TypeAdapter(ConfigFile)
 
 
+# /v2/models/stats is Triton's statistics of every model (gateway/routes.py): no model's name.
+RESERVED_NAME = "stats"
 # A name of dots only ("." or "..") is no URL path segment a model or pipeline can be served under.
 DOTS_ONLY = {"pattern": r"^\.+$"}
 
@@ -82,7 +85,8 @@ class _Described(GenerateJsonSchema):
         if set(tables) == {MODEL_NAME_PATTERN}:
             del generated["patternProperties"]
             generated["additionalProperties"] = tables[MODEL_NAME_PATTERN]
-            generated["propertyNames"] = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_MODEL_NAME, "not": DOTS_ONLY}
+            not_a_name = {"anyOf": [DOTS_ONLY, {"const": RESERVED_NAME}]}
+            generated["propertyNames"] = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_MODEL_NAME, "not": not_a_name}
         return generated
 
 
@@ -98,6 +102,10 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raw = tomllib.loads(source.read_text())
     except FileNotFoundError:
         raise ConfigError(source, "(file)", "no such file") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(source, "(file)", f"not UTF-8 text, as TOML must be ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise ConfigError(source, "(file)", f"cannot be read: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(source, "(syntax)", str(error)) from None
     if not raw.get("models"):
@@ -108,7 +116,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         # list for a tuple and a string for a path.
         file = _file_adapter().validate_json(json.dumps(raw), strict=True)
     except ValidationError as error:
-        problems = [_problem(e) for e in error.errors(include_url=False)]
+        problems = _problems(error.errors(include_url=False))
         raise ConfigError(source, *problems[0], more=problems[1:]) from None
 
     base = source.resolve().parent
@@ -266,8 +274,10 @@ def _server(server: ServerConfig, base: Path) -> ServerConfig:
 
 
 def _token(variable: str, configured: str | None) -> str | None:
-    """A token from the environment wins over the config's; an empty one is none."""
-    return os.environ.get(variable) or configured or None
+    """A token from the environment wins over the config's; an empty one is none. Whitespace
+    around it is no part of it: an HTTP header's value loses it (RFC 9110 5.5), and a secret
+    file or ``echo`` ends in a newline, which locked every client out."""
+    return (os.environ.get(variable) or "").strip() or (configured or "").strip() or None
 
 
 def _gpu(source: Path, table: GpuTable, node: NodeConfig, base: Path) -> GpuConfig:
@@ -301,7 +311,7 @@ def _model(
         _check_gpu_only(source, key, table, node)
     try:
         pi_gains(table.plant.gain, table.plant.zero, table.plant.pole)
-    except ValueError as error:
+    except (ValueError, ArithmeticError) as error:
         raise ConfigError(source, f"{key}.plant", str(error)) from None
     if table.default_priority is not None and table.default_priority > table.priority_levels:
         raise ConfigError(
@@ -326,9 +336,14 @@ def _model(
 
 
 def _check_url_name(source: Path, key: str, name: str) -> None:
-    """A model's or pipeline's name is a path segment of its URLs: one of dots only is none."""
+    """A model's or pipeline's name is a path segment of its URLs: one of dots only is none, and
+    "stats" is taken (GET /v2/models/stats is every model's statistics, Triton's route)."""
     if not name.strip("."):
         raise ConfigError(source, key, f"'{name}' is no name a URL can carry (a path segment of dots only)")
+    if name == RESERVED_NAME:
+        raise ConfigError(
+            source, key, f"'{name}' is taken: GET /v2/models/{name} answers every model's statistics, never this model's metadata"
+        )
 
 
 def _check_gpu_only(source: Path, key: str, table: ModelTable, node: NodeConfig) -> None:
@@ -449,9 +464,55 @@ KINDS = {
 }
 
 
+def _problems(errors: list[Any]) -> list[tuple[str, str]]:
+    """(full key, what is wrong) for pydantic's errors, less those that only echo another: the
+    branch of a choice (``str | tuple[...]``) that the value is not even the kind of, and a list
+    too short only because its items were refused."""
+    for error in errors:
+        error["loc"] = tuple(_without_branches([part for part in error["loc"] if part != "[key]"]))
+    kept = []
+    for error in errors:
+        key = error["loc"]
+        if error["type"] == "too_short" and any(e["loc"][: len(key)] == key and len(e["loc"]) > len(key) for e in errors):
+            continue
+        if error["type"].endswith("_type") and any(e is not error and e["loc"][: len(key)] == key for e in errors):
+            continue  # not this branch's kind of value: another branch says what is wrong with it
+        kept.append(error)
+    return [_problem(e) for e in kept or errors]
+
+
+def _without_branches(loc: list[str | int]) -> list[str | int]:
+    """``loc`` less pydantic's names of a choice's branches (``str``, ``tuple[...]``): no key of the file."""
+    kept: list[str | int] = []
+    kind: Any = ConfigFile
+    parts = iter(loc)
+    for part in parts:
+        if _branches(kind) and isinstance(part, str):
+            kind = next((b for b in _branches(kind) if _branch_name(b) == part.split("[", 1)[0]), kind)
+            continue
+        kept.append(part)
+        try:
+            kind = _step(kind, part)
+        except (KeyError, IndexError):  # an unknown key: nothing under it is declared
+            return kept + list(parts)
+    return kept
+
+
+def _branches(kind: Any) -> tuple[Any, ...]:
+    """The types of a choice (``str | tuple[HostPort, ...]``), None aside; () for one type."""
+    bare = _bare(kind)
+    return typing.get_args(bare) if typing.get_origin(bare) in (typing.Union, types.UnionType) else ()
+
+
+def _branch_name(kind: Any) -> str:
+    bare = _bare(kind)
+    origin = typing.get_origin(bare) or bare
+    return getattr(origin, "__name__", "")
+
+
 def _problem(error: Any) -> tuple[str, str]:
     """(full key, what is wrong) for one of pydantic's errors, in the words of this config."""
-    loc = [part for part in error["loc"] if part != "[key]"]
+    loc = list(error["loc"])
     key = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc)) or "(top level)"
     kind, value = error["type"], error.get("input")
     got = "a boolean" if isinstance(value, bool) else f"{type(value).__name__} {value!r}"
@@ -478,14 +539,24 @@ def _field_type(loc: Sequence[str | int]) -> Any:
     """The declared type at a key of the file, with its Annotated limits kept."""
     kind: Any = ConfigFile
     for part in loc:
-        kind = _bare(kind)
-        if dataclasses.is_dataclass(kind):
-            kind = typing.get_type_hints(kind, include_extras=True)[str(part)]
-        elif typing.get_origin(kind) is dict:
-            kind = typing.get_args(kind)[1]
-        else:  # a tuple's item
-            kind = typing.get_args(kind)[0]
+        kind = _step(kind, part)
     return kind
+
+
+def _step(kind: Any, part: str | int) -> Any:
+    """The declared type at ``part`` of a value of type ``kind``; of a choice's branches, the
+    one ``part`` can be in (an index: the list's; a key: the table's)."""
+    for branch in _branches(kind):
+        bare = _bare(branch)
+        if isinstance(part, int) == (typing.get_origin(bare) is tuple):
+            kind = branch
+            break
+    kind = _bare(kind)
+    if dataclasses.is_dataclass(kind):
+        return typing.get_type_hints(kind, include_extras=True)[str(part)]
+    if typing.get_origin(kind) is dict:
+        return typing.get_args(kind)[1]
+    return typing.get_args(kind)[0]  # a tuple's item
 
 
 def _unwrap(kind: Any) -> tuple[Any, list[Any]]:

@@ -131,7 +131,9 @@ class NodeConfig:
 
     cpu_cores: PositiveFloat = field(default_factory=_host_cores)
     """Cores the executors share (default: this host's CPU count)."""
-    gpus: Annotated[tuple[Annotated[int, Field(ge=0)], ...], AfterValidator(_distinct)] = ()
+    gpus: Annotated[
+        tuple[Annotated[int, Field(ge=0)], ...], AfterValidator(_distinct), Field(json_schema_extra={"uniqueItems": True})
+    ] = ()
     """GPU device ids, such as [0, 1]."""
     executor_backend: ExecutorBackend = "process"
     """process: OS processes; docker: one container each."""
@@ -245,7 +247,7 @@ class ControlConfig:
     the kernel's 1 ms gets 1 ms over a longer period, up to 100 ms (executors/limits.py)."""
 
 
-def _host_port(value: str) -> str:
+def host_port(value: str) -> str:
     """ "HOST:PORT", the host a name, an IPv4 address or a bracketed IPv6 one."""
     host, colon, port = value.rpartition(":")
     if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -253,7 +255,9 @@ def _host_port(value: str) -> str:
     return value
 
 
-HostPort = Annotated[str, AfterValidator(_host_port)]
+# The JSON Schema says what host_port checks (a port's range aside), so that an editor refuses
+# what the loader would.
+HostPort = Annotated[str, AfterValidator(host_port), Field(json_schema_extra={"pattern": r"^.+:[0-9]{1,5}$"})]
 # A worker token shorter than this is guessable (it guards every executor of the node).
 MIN_WORKER_TOKEN = 16
 DEFAULT_WORKER_PORT = 7070
@@ -317,6 +321,9 @@ def _http_url(value: str) -> str:
     return value
 
 
+HttpUrl = Annotated[str, AfterValidator(_http_url), Field(json_schema_extra={"pattern": "^https?://[^/?#]"})]
+
+
 @with_config(TABLE)
 @dataclass(frozen=True)
 class TracingConfig:
@@ -324,7 +331,7 @@ class TracingConfig:
     reply), sent with OTLP over HTTP; needs the tracing extra (pip install 'sla-gateway[tracing]')."""
 
     enabled: bool = False
-    otlp_endpoint: Annotated[str, AfterValidator(_http_url)] | None = None
+    otlp_endpoint: HttpUrl | None = None
     """Where spans are sent (OTLP/HTTP), such as http://otel-collector:4318/v1/traces (default:
     the environment's OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else
     http://localhost:4318/v1/traces)."""
@@ -344,8 +351,8 @@ class PlantConfig:
     """k: change of the normalized speed alpha SLA / RT per core (positive: more cores raise the speed)."""
     zero: float = DEFAULT_ZERO
     """b: the plant's zero."""
-    pole: float = DEFAULT_POLE
-    """q: where the closed loop's double pole goes."""
+    pole: Annotated[float, Field(ge=0, lt=1)] = DEFAULT_POLE
+    """q: where the closed loop's double pole goes, in [0, 1)."""
 
 
 @with_config(TABLE)
@@ -563,5 +570,6 @@ class GatewayConfig:
 
 
 def default_threads(cores: float, max_cores: float) -> int:
-    """One intra-op thread per core the executor may ever get."""
-    return max(1, math.ceil(max(cores, max_cores)))
+    """One intra-op thread per core the executor may ever get, at most ``MAX_THREADS`` (node.cpu_cores
+    = 300 gave every executor 300 threads, past the cap a config's own ``threads`` is held to)."""
+    return min(MAX_THREADS, max(1, math.ceil(max(cores, max_cores))))

@@ -19,8 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(text)
+        try:
+            with open(args.output, "w") as handle:
+                handle.write(text)
+        except OSError as error:
+            raise SystemExit(f"gateway config-schema: cannot write {args.output}: {error.strerror or error}") from None
     else:
         print(text, end="")
     return 0
