@@ -262,6 +262,11 @@ class Engine:
         self.node: NodeExecutors | None = None  # this node's executors (None on a dispatcher)
         # Models being unloaded (the repository extension): no longer served, their queues draining.
         self.unloading: dict[str, ModelRuntime] = {}
+        # A versioned model's own names (NAME.vN) while its versions load or unload: served under
+        # NAME only, they are no client's names meanwhile either.
+        self._changing_version_keys: set[str] = set()
+        # Set once stop() begins: a model load it cuts short is answered 503, not loaded after it.
+        self.stopping = False
         self._repository_lock = asyncio.Lock()  # one load or unload at a time
         # Repository models served in several versions: name -> version -> the runtime's key.
         self.versions: dict[str, dict[str, str]] = {}
@@ -498,7 +503,7 @@ class Engine:
 
     def _version_keys(self) -> set[str]:
         """The runtimes' own names of repository models' versions (``NAME.vN``): no client's name."""
-        return {key for keys in self.versions.values() for key in keys.values()}
+        return {key for keys in self.versions.values() for key in keys.values()} | self._changing_version_keys
 
     async def _repository_change(self, change: Coroutine[Any, Any, T]) -> T:
         """Carry out one load or unload at a time, each to its end even when its client leaves:
@@ -524,7 +529,7 @@ class Engine:
         # A repository model's version is served as NAME.vN, a name a model may have too: loaded
         # under it, one would replace the other.
         if model.name in self._version_keys():
-            owner = next(n for n, keys in self.versions.items() if model.name in keys.values())
+            owner = next((n for n, keys in self.versions.items() if model.name in keys.values()), "being loaded")
             raise InvalidRequest(f"'{model.name}' is the name of a version of model '{owner}': rename the model")
         return await self._load_model(model)
 
@@ -541,6 +546,8 @@ class Engine:
         if name in self.models or name in self.versions:
             await self._unload_model(name)
         loaded: dict[str, str] = {}
+        keys = {model.name for model in models.values()}
+        self._changing_version_keys |= keys
         try:
             for version, model in sorted(models.items(), key=lambda item: int(item[0])):
                 runtime = await self._load_model(model)
@@ -550,7 +557,10 @@ class Engine:
             for key in loaded.values():
                 await self._unload_model(key)
             raise
-        self.versions[name] = loaded
+        else:
+            self.versions[name] = loaded
+        finally:
+            self._changing_version_keys -= keys
 
     def served_names(self) -> list[str]:
         """The names clients use: models (a versioned one once) and pipelines."""
@@ -581,7 +591,7 @@ class Engine:
         versions = self.versions.get(name)
         if versions is not None:
             key = versions.get(version) if version else versions[max(versions, key=int)]
-        elif version in (None, "1") and not (self.versions and name in self._version_keys()):
+        elif version in (None, "1") and not ((self.versions or self._changing_version_keys) and name in self._version_keys()):
             key = name
         else:
             return None
@@ -610,11 +620,15 @@ class Engine:
             await executor.start()
             runtime.signature = _servable(model.name, executor.signatures[model.name])
             await self._profile_model(runtime)
-        except BaseException:
+            if self.stopping:  # its profiling failed quietly when stop() stopped its executor
+                raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503)
+        except BaseException as error:
             self.control.give_back(aside)
             await executor.stop()
             self.executors.pop(executor.id, None)
             self.core.executors.pop(executor.id, None)
+            if self.stopping and isinstance(error, Exception):  # an executor stopped before it started, say
+                raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503) from None
             raise
         now = self.now
         runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
@@ -628,8 +642,13 @@ class Engine:
 
     async def _unload_model(self, name: str, timeout_s: float = 30.0) -> None:
         if name in self.versions:
-            for key in self.versions.pop(name).values():
-                await self._unload_model(key, timeout_s)
+            keys = set(self.versions.pop(name).values())
+            self._changing_version_keys |= keys
+            try:
+                for key in sorted(keys):
+                    await self._unload_model(key, timeout_s)
+            finally:
+                self._changing_version_keys -= keys
             return
         runtime = self.models.get(name)
         if runtime is None or name in self.unloading:
@@ -661,6 +680,7 @@ class Engine:
         log.info("model %s: unloaded", name)
 
     async def stop(self) -> None:
+        self.stopping = True
         if self._timer is not None:
             self._timer.cancel()
         if self.control is not None:
@@ -679,8 +699,10 @@ class Engine:
     def submit(self, runtime: ModelRuntime, request: InferRequest, arrival: float) -> asyncio.Future[Result]:
         """Hand a parsed request to the dispatch core; the future ends with a Result or a RequestFailed."""
         assert runtime.signature is not None
-        if runtime.name in self.unloading or runtime.name not in self.core.models:
-            # Its handler found it before an unload began, and read its body meanwhile.
+        if runtime.name in self.unloading or self.models.get(runtime.name) is not runtime or runtime.name not in self.core.models:
+            # Its handler found it before an unload (or a reload, which serves a new runtime under the
+            # name: its signature and limits may differ from those the request was read against)
+            # began, and read its body meanwhile.
             raise RequestFailed(f"model '{runtime.served_name}' was unloaded before this request ran", 503, "unloaded")
         levels = runtime.config.priority_levels
         if request.priority > levels:

@@ -443,6 +443,54 @@ def test_an_admin_change_that_waits_out_an_unload_is_a_404(repository):
     requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
 
 
+def test_a_request_still_arriving_at_a_reload_is_answered_503(repository):
+    """Its handler looked the model up before the reload, which serves a new runtime under the
+    name: the request ran there against the old one's signature and limits (8 rows under the new
+    max_batch_size of 2 answered 200; another file's outputs, a 500)."""
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
+    rows = {"inputs": [{**MLP_BODY["inputs"][0], "shape": [8, 512], "data": [0.25] * 512 * 8}]}
+    body = json.dumps(rows).encode()
+    with socket.create_connection(("127.0.0.1", repository.port), timeout=30) as sock:
+        sock.sendall(
+            f"POST /v2/models/mlp2/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:100]
+        )
+        time.sleep(0.3)  # looked up; the rest of its body to come
+        override = {"parameters": {"config": json.dumps({"max_batch_size": 2})}}
+        reload = requests.post(f"{repository.base}/v2/repository/models/mlp2/load", json=override, headers=ADMIN, timeout=60)
+        reload.raise_for_status()
+        sock.sendall(body[100:])
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 503") and b"was unloaded before this request ran" in head, head
+    again = requests.post(f"{repository.base}/v2/models/mlp2/infer", data=body, timeout=30)
+    assert again.status_code == 400 and "max_batch_size" in again.text, again.text
+    requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def test_a_versions_own_name_is_no_model_while_its_versions_load_or_unload(repository):
+    """The versions' names (NAME.vN) were known as such only once every version had loaded, and
+    no more once the unload began: meanwhile duo.v1 answered as a model of its own."""
+    seen: list[int] = []
+    changing = threading.Event()
+
+    def watch() -> None:
+        while changing.is_set():
+            seen.append(requests.get(f"{repository.base}/v2/models/duo.v1/ready", timeout=10).status_code)
+            seen.append(requests.get(f"{repository.base}/v2/models/duo.v2/ready", timeout=10).status_code)
+
+    for change in ("load", "unload"):
+        changing.set()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            requests.post(f"{repository.base}/v2/repository/models/duo/{change}", headers=ADMIN, timeout=60).raise_for_status()
+        finally:
+            changing.clear()
+            watcher.join()
+    assert len(seen) > 10 and set(seen) == {404}, seen
+
+
 def test_sigterm_waits_for_a_load_in_progress(repository):
     """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
     cut off with no answer; it is drained as a request is."""
@@ -462,3 +510,35 @@ def test_sigterm_waits_for_a_load_in_progress(repository):
     loader.join()
     assert answers[0].status_code == 200, answers[0].text
     assert repository.process.wait(timeout=30) == 0
+
+
+def test_a_load_the_drain_cuts_short_is_answered_503(tmp_path, example_models):
+    """README (Shutdown): what is left when the drain ends, a load included, is answered 503. It
+    was answered 200 (its profiling failed quietly once its executor was stopped, and the model
+    was added after the engine had stopped) or 400 (an executor stopped before it started)."""
+    (tmp_path / "slow").mkdir()
+    shutil.copy(example_models / "cnn_large.onnx", tmp_path / "slow" / "m.onnx")
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    # A twentieth of a core: its start and profiling take seconds, past the drain.
+    (tmp_path / "slow" / "config.toml").write_text(
+        'path = "m.onnx"\nsla_ms = 2000\ncpu = { cores = 0.02, threads = 1, min_cores = 0.01 }\n'
+    )
+    (tmp_path / "config.toml").write_text(
+        '[server]\ndrain_timeout_s = 0.5\n[node]\ncpu_cores = 2\n[models.mlp]\npath = "mlp.onnx"\nsla_ms = 100\n'
+        "cpu = { cores = 0.5, threads = 1 }\n"
+    )
+    answers: list[requests.Response] = []
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        loader = threading.Thread(
+            target=lambda: answers.append(requests.post(f"{gateway.base}/v2/repository/models/slow/load", timeout=60))
+        )
+        loader.start()
+        deadline = time.monotonic() + 30
+        while "executor cpu-slow: started process" not in gateway.output() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gateway.process.send_signal(signal.SIGTERM)
+        loader.join()
+        assert gateway.process.wait(timeout=30) == 0
+    assert answers[0].status_code == 503, answers[0].text
+    assert "model 'slow' was not loaded" in answers[0].json()["error"]
+    assert "model slow: loaded" not in gateway.output()
