@@ -110,10 +110,7 @@ class Hierarchy:
     def prepare(self) -> None:
         """Make ``gateway-<pid>/`` (raises OSError where it cannot be written); the first time in
         this process, remove what gateways no longer running left here."""
-        if self.root not in _SWEPT:
-            _SWEPT.add(self.root)
-            if removed := self.remove_ended_gateways():
-                log.info("removed the %s groups of %d gateway(s) no longer running", self.controller, removed)
+        self.sweep()
         self.base.mkdir(exist_ok=True)
         if self.v2:
             for parent in (self.root, self.base):
@@ -128,6 +125,13 @@ class Hierarchy:
         """Remove every group left (those still holding a process stay) and then ``gateway-<pid>/``."""
         _remove_groups(self.base)
 
+    def sweep(self) -> None:
+        """The first time in this process: remove the groups gateways no longer running left here."""
+        if self.root not in _SWEPT:
+            _SWEPT.add(self.root)
+            if removed := self.remove_ended_gateways():
+                log.info("removed the %s groups of %d gateway(s) no longer running", self.controller, removed)
+
     def remove_ended_gateways(self) -> int:
         """Remove the groups of gateways that are no longer running: one killed (SIGKILL, the
         OOM killer) cannot remove its own. A group still holding a process stays, and so do the
@@ -137,6 +141,15 @@ class Hierarchy:
             if process_ended(base.name.removeprefix("gateway-")) and _remove_groups(base):
                 removed += 1
         return removed
+
+
+def sweep_ended_gateways(root: Path = CGROUP_ROOT) -> None:
+    """Remove the cpu and memory groups that gateways no longer running left. A hierarchy was
+    swept only where this gateway made a group: one without ``memory_mb`` left a killed gateway's
+    memory groups for good."""
+    for controller in ("cpu", "memory"):
+        with contextlib.suppress(OSError):
+            Hierarchy.find(controller, root).sweep()
 
 
 def process_ended(pid: str) -> bool:

@@ -50,6 +50,9 @@ class ProcessExecutor(SupervisedExecutor):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
+            # Out of the gateway's process group: a terminal's Ctrl-C (SIGINT to the foreground
+            # group) reaches the gateway alone, which drains and then stops its executors.
+            start_new_session=True,
         )
         log.info("executor %s: started process %d for %s on %s", self.id, process.pid, ", ".join(self.models), self.device)
         self._contain(process.pid)

@@ -300,6 +300,15 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def leave_stopping_to_the_gateway() -> None:
+    """Ignore SIGINT and SIGTERM: the gateway stops its executors itself, once its drain is over.
+    Ctrl-C in a terminal, ``kill -- -PGID`` and systemd's stop (KillMode=control-group) signal
+    every process of the gateway at once; the executors died at once and failed the batches the
+    drain was to finish. A gateway that dies takes them with it (``die_with_parent``)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="executors.worker")
     parser.add_argument("--connect", required=True, help="unix:PATH or tcp:HOST:PORT of the gateway")
@@ -315,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cudnn-conv-algo-search", choices=["EXHAUSTIVE", "HEURISTIC", "DEFAULT"], default="EXHAUSTIVE")
     args = parser.parse_args(argv)
     die_with_parent()
+    leave_stopping_to_the_gateway()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.provider == "cuda":
         load_cuda_libraries()

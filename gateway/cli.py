@@ -124,7 +124,8 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"gateway: {error}", file=sys.stderr)
         return 1
     except OSError as error:
-        print(f"gateway: cannot listen on {worker.listen}: {error}", file=sys.stderr)
+        # Its own listen address, or its HTTP port: the error names the one that failed.
+        print(f"gateway: cannot listen: {error}", file=sys.stderr)
         return 1
     return 0
 

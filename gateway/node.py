@@ -16,7 +16,7 @@ from pathlib import Path
 
 from executors.container import DockerBackend, DockerExecutor
 from executors.lifecycle import SupervisedExecutor
-from executors.limits import Actuator, make_actuator
+from executors.limits import Actuator, make_actuator, sweep_ended_gateways
 from executors.process import ProcessExecutor
 from gateway.config import GatewayConfig
 from gateway.config.schema import ModelConfig
@@ -69,6 +69,7 @@ def build_node_executors(
 ) -> NodeExecutors:
     """The node's executors, not started; ``on_change(id)`` hears of every change of state."""
     executor_class: Callable[..., SupervisedExecutor] = ProcessExecutor
+    sweep_ended_gateways()
     node = NodeExecutors(actuator=None, docker=None)
     if config.node.executor_backend == "docker":
         node.docker = DockerBackend(config.docker.image, config.docker.host_runtime)

@@ -29,7 +29,8 @@ async def start_unless_stopped(
 ) -> bool:
     """Run ``start``; where ``stop`` is set first, cancel it and ``undo`` what it began: False.
 
-    A start that failed raises, as it did.
+    A start that failed is undone too, then raises as it did: one that failed once its executors
+    were up (a model with no inputs, a worker's port taken) left their groups and socket folder.
     """
     starting = asyncio.ensure_future(start)
     if not stop.is_set():
@@ -37,6 +38,8 @@ async def start_unless_stopped(
         await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
     if starting.done() and not stop.is_set():
+        if starting.exception() is not None:
+            await undo()
         starting.result()
         return True
     starting.cancel()

@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +16,11 @@ import time
 from pathlib import Path
 
 import aiohttp
+import numpy as np
+import onnx
 import pytest
 import requests
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import busy_config, run_gateway
 
@@ -71,6 +75,50 @@ async def test_a_backlog_that_fits_the_drain_is_served_in_full(tmp_path, sig):
         assert [status for status, _, _ in answers] == [200] * 20
         assert gateway.process.wait(timeout=20) == 0
         assert "shutting down: draining" in gateway.output()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_a_signal_to_the_gateways_whole_process_group_leaves_the_drain_to_it(tmp_path, sig):
+    """Ctrl-C in a terminal signals the foreground process group, as do ``kill -- -PGID`` and
+    systemd's stop: the executors were in it and died at once (a KeyboardInterrupt), failing the
+    batches the drain was to finish, and were restarted during the shutdown."""
+    with run_gateway(config(tmp_path, drain_s=20.0), preexec_fn=os.setpgrp) as gateway:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            tasks = await backlog(gateway.base, session, 20)
+            await asyncio.sleep(0.3)
+            os.killpg(gateway.process.pid, sig)
+            answers = await asyncio.gather(*tasks)
+        assert [status for status, _, _ in answers] == [200] * 20, answers
+        assert gateway.process.wait(timeout=20) == 0
+        assert "KeyboardInterrupt" not in gateway.output() and "ended:" not in gateway.output()
+
+
+def test_a_start_that_fails_once_the_executors_are_up_leaves_nothing(tmp_path, example_models):
+    """A model with no inputs is refused once its executor has described it; the gateway exited 1
+    leaving its executors' groups and socket folder until some later gateway swept them."""
+    from tests.helpers import ROOT
+
+    constant = numpy_helper.from_array(np.ones((1, 4), np.float32), "c")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["y"])],
+        "noinput",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [constant],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "noinput.onnx")
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 50\ncpu = { cores = 0.5, threads = 1 }\n'
+        '[models.noinput]\npath = "noinput.onnx"\nsla_ms = 50\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    command = [sys.executable, "-m", "gateway.cli", "serve", str(path), "--port", "0"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1 and "noinput" in output and "Traceback" not in output, output
+    assert not list(Path("/sys/fs/cgroup/cpu").glob(f"gateway-{process.pid}"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"gateway-{process.pid}-*"))
 
 
 def keep_alive_client(port: int, answers: list[tuple[int, str] | str], until: float) -> None:

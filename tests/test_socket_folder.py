@@ -7,6 +7,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from executors.sockets import socket_folder
 from tests.helpers import busy_model, ended_pid, kill_hard, run_gateway, write_config
 
@@ -48,3 +50,22 @@ def test_a_gateway_removes_at_start_the_socket_folder_a_killed_one_left(tmp_path
     with run_gateway(config) as gateway:
         assert not left.exists()  # removed at start
         assert list(temporary.glob(f"gateway-{gateway.process.pid}-*/"))
+
+
+def test_a_gateway_without_memory_limits_removes_the_memory_groups_a_killed_one_left(tmp_path):
+    """Only a hierarchy this gateway made a group in was swept: a killed gateway's memory groups
+    (made for memory_mb) stayed for good when the next one set no memory_mb."""
+    memory = Path("/sys/fs/cgroup/memory")
+    if not memory.is_dir():
+        pytest.skip("no cgroup v1 memory hierarchy here")
+    busy_model(tmp_path / "busy.onnx")
+    plain = write_config(tmp_path / "plain.toml", {"busy": {"path": "busy.onnx", "sla_ms": 100}})
+    limited = tmp_path / "limited.toml"
+    limited.write_text(plain.read_text() + "cpu = { memory_mb = 500 }\n")
+    with run_gateway(limited) as crashed:
+        left = memory / f"gateway-{crashed.process.pid}"
+        assert left.is_dir()
+        kill_hard(crashed, "busy")
+    assert left.is_dir()  # left behind by the crash
+    with run_gateway(plain):
+        assert not left.exists()  # removed at start
