@@ -1,4 +1,5 @@
-"""An executor's id as the name of its socket, its cgroups and its container.
+"""An executor's id as the name of its socket, its cgroups and its container; the variable that
+tells a process executor its gateway's pid.
 
 A model's name may hold any letter (``[\\w.-]``, 64 characters), and an executor's id holds the
 name. Those names are not as free: a Unix socket's whole path is at most 107 bytes, a file name
@@ -25,3 +26,8 @@ def safe_name(executor_id: str) -> str:
     digest = hashlib.sha256(executor_id.encode()).hexdigest()[:16]
     kept = _OTHER.sub("", executor_id)[:40]
     return f"x{kept}-{digest}"
+
+
+# The gateway's pid, in the environment of a process executor it started (executors/process.py):
+# an executor whose parent is another has outlived its gateway (executors/worker.py).
+PARENT_PID_VARIABLE = "GATEWAY_EXECUTOR_PARENT"

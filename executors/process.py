@@ -12,6 +12,7 @@ from pathlib import Path
 
 from executors.lifecycle import SupervisedExecutor
 from executors.limits import ExecutorCgroup, Hierarchy
+from executors.names import PARENT_PID_VARIABLE
 
 log = logging.getLogger("executors")
 
@@ -43,6 +44,7 @@ class ProcessExecutor(SupervisedExecutor):
     async def _launch(self) -> asyncio.subprocess.Process:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        env[PARENT_PID_VARIABLE] = str(os.getpid())  # checked once it dies with its parent (executors/worker.py)
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             *self.worker_arguments(f"unix:{self.socket_path}"),

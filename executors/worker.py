@@ -27,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from executors.batch_shapes import FixedBatchSession, why_not_fixed, why_not_on_zeros
+from executors.names import PARENT_PID_VARIABLE
 from executors.tensors import KSERVE_TO_NUMPY, describe
 from executors.wire import encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
 
@@ -298,6 +299,11 @@ def die_with_parent() -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # A gateway killed while this process still imported ONNX Runtime (a second or more) ended
+    # before the request above, which then waits for a parent that is already gone.
+    parent = os.environ.get(PARENT_PID_VARIABLE)
+    if parent is not None and parent != str(os.getppid()):
+        sys.exit(f"executor: its gateway (pid {parent}) has ended")
 
 
 def leave_stopping_to_the_gateway() -> None:

@@ -77,3 +77,33 @@ def test_an_executor_ends_with_its_killed_gateway_even_when_stopped(tmp_models):
         finally:
             if executor.is_running():
                 executor.kill()
+
+
+def test_an_executor_whose_gateway_ended_before_it_could_ask_to_die_with_it_ends(tmp_models):
+    """The parent-death signal is asked for once ONNX Runtime is imported (a second or more): a
+    gateway killed before then had already ended, and the executor lived on until its connection
+    failed. Here its parent is alive and no gateway: it is told its gateway is another pid."""
+    import subprocess
+    import sys
+
+    from executors.names import PARENT_PID_VARIABLE
+    from tests.helpers import ROOT, ended_pid
+
+    gone = ended_pid()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "executors.worker",
+            "--connect",
+            "unix:/nonexistent.sock",
+            "--model",
+            f"mlp={tmp_models / 'mlp.onnx'}",
+        ],
+        env={**os.environ, PARENT_PID_VARIABLE: str(gone)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and f"its gateway (pid {gone}) has ended" in done.stderr, done.stderr
