@@ -378,22 +378,31 @@ def _model_series(gateway, model: str) -> dict[str, float]:
     return found
 
 
+def _straddling(gateway, method: str, path: str, body: bytes, meanwhile, split: int = 100, headers: str = "") -> bytes:
+    """Send the request's head and the first ``split`` bytes of its body, let its handler find its
+    model, run ``meanwhile()``, then send the rest: the head of the answer."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:split]
+        )
+        time.sleep(0.3)  # looked up; the rest of its body to come
+        meanwhile()
+        sock.sendall(body[split:])
+        return sock.recv(65536)
+
+
 def test_a_request_still_arriving_at_an_unload_brings_no_series_back(repository):
     """Its handler had counted it received; it ended after the unload had dropped the model's
     series and made them again: in flight -1, an outcome beside no arrival, kept after a reload."""
     requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
-    body = json.dumps(MLP_BODY).encode()
-    with socket.create_connection(("127.0.0.1", repository.port), timeout=30) as sock:
-        sock.sendall(
-            f"POST /v2/models/mlp2/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body[:100]
-        )
-        time.sleep(0.3)  # counted received; the rest of its body to come
-        assert _model_series(repository, "mlp2.v1")['gateway_requests_in_flight{model="mlp2.v1"}'] == 1
+
+    def unload() -> None:
+        assert _model_series(repository, "mlp2.v1")['gateway_requests_in_flight{model="mlp2.v1"}'] == 1  # counted received
         requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60).raise_for_status()
-        sock.sendall(body[100:])
-        head = sock.recv(65536)
+
+    head = _straddling(repository, "POST", "/v2/models/mlp2/infer", json.dumps(MLP_BODY).encode(), unload)
     assert head.startswith(b"HTTP/1.1 503") and b"was unloaded" in head, head
     assert _model_series(repository, "mlp2.v1") == {}
     requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
@@ -426,16 +435,13 @@ def test_an_admin_change_that_waits_out_an_unload_is_a_404(repository):
     change went to a model no longer served (a 500 for cores, a 200 for the SLA)."""
     requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
     for path, body in (("sla", b'{"sla_ms": 77}'), ("cores", b'{"cores": 0.5}'), ("dispatch_batch", b'{"dispatch_batch": 2}')):
-        with socket.create_connection(("127.0.0.1", repository.port), timeout=30) as sock:
-            sock.sendall(
-                f"PUT /admin/models/mlp2/{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Authorization: Bearer an-admin-token-of-length\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            )
-            time.sleep(0.2)  # the handler has found mlp2 and waits for the body
+
+        def unload() -> None:
             unloaded = requests.post(f"{repository.base}/v2/repository/models/mlp2/unload", headers=ADMIN, timeout=60)
             assert unloaded.status_code == 200, unloaded.text
-            sock.sendall(body)
-            head = sock.recv(65536)
+
+        token = "Authorization: Bearer an-admin-token-of-length\r\n"
+        head = _straddling(repository, "PUT", f"/admin/models/mlp2/{path}", body, unload, split=0, headers=token)
         assert head.startswith(b"HTTP/1.1 404"), head
         assert b"unknown model 'mlp2'" in head
         requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
@@ -450,18 +456,13 @@ def test_a_request_still_arriving_at_a_reload_is_answered_503(repository):
     requests.post(f"{repository.base}/v2/repository/models/mlp2/load", headers=ADMIN, timeout=60).raise_for_status()
     rows = {"inputs": [{**MLP_BODY["inputs"][0], "shape": [8, 512], "data": [0.25] * 512 * 8}]}
     body = json.dumps(rows).encode()
-    with socket.create_connection(("127.0.0.1", repository.port), timeout=30) as sock:
-        sock.sendall(
-            f"POST /v2/models/mlp2/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body[:100]
-        )
-        time.sleep(0.3)  # looked up; the rest of its body to come
-        override = {"parameters": {"config": json.dumps({"max_batch_size": 2})}}
-        reload = requests.post(f"{repository.base}/v2/repository/models/mlp2/load", json=override, headers=ADMIN, timeout=60)
-        reload.raise_for_status()
-        sock.sendall(body[100:])
-        head = sock.recv(65536)
+    override = {"parameters": {"config": json.dumps({"max_batch_size": 2})}}
+
+    def reload() -> None:
+        answer = requests.post(f"{repository.base}/v2/repository/models/mlp2/load", json=override, headers=ADMIN, timeout=60)
+        answer.raise_for_status()
+
+    head = _straddling(repository, "POST", "/v2/models/mlp2/infer", body, reload)
     assert head.startswith(b"HTTP/1.1 503") and b"was unloaded before this request ran" in head, head
     again = requests.post(f"{repository.base}/v2/models/mlp2/infer", data=body, timeout=30)
     assert again.status_code == 400 and "max_batch_size" in again.text, again.text
