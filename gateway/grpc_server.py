@@ -31,6 +31,11 @@ from typing import TYPE_CHECKING, Any
 # raw line of gRPC's own to stderr ("skipping fork() handlers"), breaking the JSON log. Read by
 # gRPC's core when it is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# gRPC's core logs on its own, raw lines on stderr ("E1127 ... hpack_parser.cc:1048] Error parsing
+# 'grpc-timeout' metadata"), one for each malformed header any client sends: they broke the JSON
+# log, and a client needing no token could flood it. Off unless the user sets GRPC_VERBOSITY (DEBUG,
+# INFO, ERROR) to see them; this module is the first of the gateway to import grpc.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 import grpc  # noqa: E402
 import numpy as np

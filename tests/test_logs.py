@@ -240,3 +240,69 @@ def test_executors_started_while_grpc_serves_leave_the_json_log_json(tmp_path: P
             assert loaded.status_code == 200, loaded.text
         entries = log_entries(running)
     assert sum("started process" in e["message"] for e in entries) >= 3, entries
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_literal(name: bytes, value: bytes) -> bytes:
+    # A literal header field without indexing, its name new, neither part Huffman-coded (RFC 7541, 6.2.2).
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def send_grpc_call_with_a_bad_timeout(port: int) -> None:
+    """A ServerLive call whose grpc-timeout header is no timeout, in raw HTTP/2: gRPC's core
+    refuses the header and logs it, before any of the gateway's code sees the call."""
+    headers = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/inference.GRPCInferenceService/ServerLive"),
+        (b":authority", b"gateway"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        (b"grpc-timeout", b"garbage"),
+    ]
+    block = b"".join(_hpack_literal(name, value) for name, value in headers)
+    settings, end_headers, end_stream = 0x4, 0x4, 0x1
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + _h2_frame(settings, 0, 0, b"")
+            + _h2_frame(0x1, end_headers, 1, block)
+            + _h2_frame(0x0, end_stream, 1, b"\x00" * 5)  # an empty message
+        )
+        # The call's answer (its trailers, or a reset): by then gRPC's core has read the header.
+        received = b""
+        while True:
+            while len(received) >= 9 and len(received) >= 9 + int.from_bytes(received[:3], "big"):
+                length, kind, flags = int.from_bytes(received[:3], "big"), received[3], received[4]
+                stream = int.from_bytes(received[5:9], "big")
+                if stream == 1 and (kind == 0x3 or flags & end_stream):
+                    return
+                received = received[9 + length :]
+            chunk = conn.recv(65536)
+            assert chunk, "the gateway closed the connection without answering the call"
+            received += chunk
+
+
+@pytest.mark.parametrize("verbosity", [None, "ERROR"])
+def test_grpc_cores_own_lines_are_off_unless_asked_for(tmp_models: Path, verbosity: str | None) -> None:
+    """gRPC's core wrote a raw line to stderr ('E1127 ... Error parsing 'grpc-timeout' metadata')
+    for each malformed header of any client, token or not, breaking the JSON log. It is silent by
+    default; GRPC_VERBOSITY set by the user still turns it on."""
+    config = tmp_models / "config.toml"
+    config.write_text(
+        '[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    grpc_port = free_port()
+    environment = {"GRPC_VERBOSITY": verbosity} if verbosity else {}
+    args = ["--log-format", "json", "--grpc-port", str(grpc_port)]
+    with run_gateway(config, extra_env=environment, args=args) as running:
+        send_grpc_call_with_a_bad_timeout(grpc_port)
+    raw = [line for line in running.output().splitlines() if not line.startswith("{")]
+    if verbosity is None:
+        assert raw == [], raw
+    else:
+        assert any("grpc-timeout" in line for line in raw), running.output()
