@@ -15,6 +15,11 @@ Tokens are the HTTP ones, as metadata (``authorization: Bearer TOKEN``): health 
 the rest need the data token where one is set, and the model repository calls the admin token,
 as HTTP's /v2/repository. ModelStreamInfer serves a stream's requests side by side, each answered
 once. Shared memory, trace and log settings are not served (UNIMPLEMENTED, with the reason).
+
+Each infer request, of a call or of a stream, is logged and traced as an HTTP one is
+(gateway/observe.py): its id is the ``x-request-id`` metadata or else the message's ``id``, and a
+W3C ``traceparent`` in the metadata makes its spans part of the caller's trace. (A stream's
+metadata is the stream's: its ``x-request-id`` names each of its requests.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 # gRPC's fork handlers are for children that go on using gRPC; the gateway's children (its
@@ -46,12 +52,14 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_bytes
 from gateway.connections import connection_cap, descriptor_limit
 from gateway.engine import RequestFailed
+from gateway.observe import REQUEST_ID_HEADER, RequestRecord, new_request_id, report, usable_request_id
 from gateway.protocol import InvalidRequest, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
 
 if TYPE_CHECKING:
     from gateway.engine import Engine, ModelRuntime, Result
     from gateway.server import Handlers
+    from gateway.tracing import RequestTracer
 
 log = logging.getLogger("gateway.grpc")
 
@@ -90,9 +98,13 @@ STREAM_IN_FLIGHT = 1024
 
 
 class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    """A request refused with ``status``, the HTTP status it would have had, and the gRPC code
+    Triton answers for that status (``fallback`` for one Triton does not map)."""
+
+    def __init__(self, status: int, message: str, fallback: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
         super().__init__(message)
-        self.code = code
+        self.status = status
+        self.code = STATUS_CODES.get(status, fallback)
 
 
 def _parameter(value: Any) -> service_pb2.InferParameter:
@@ -160,12 +172,20 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
     return head + b"".join(bytes(b) for b in blobs), len(head)
 
 
-class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Each call answered from the engine the HTTP handlers use (``handlers``' models, limits, draining)."""
+def text_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """A call's metadata that is text (its keys in lower case, as gRPC sends them), as a carrier
+    of trace context and request ids; binary (``-bin``) entries are left out."""
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
-    def __init__(self, handlers: Handlers):
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Each call answered from the engine the HTTP handlers use (``handlers``' models, limits,
+    draining); with ``tracer``, each infer request's spans go to it."""
+
+    def __init__(self, handlers: Handlers, tracer: RequestTracer | None = None):
         self.handlers = handlers
         self.engine: Engine = handlers.engine
+        self.tracer = tracer
 
     # -- health and metadata -------------------------------------------------------------------
     async def ServerLive(self, request, context):  # noqa: N802 (the protocol's method names)
@@ -246,9 +266,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request, context):  # noqa: N802
-        runtime = await self._runtime(request.model_name, request.model_version, context)
+        metadata = text_metadata(context)
+        record = self._record(request, metadata, "ModelInfer")
+        # Its id goes back as HTTP's does in X-Request-ID (an abort sends these trailers too).
+        context.set_trailing_metadata(((REQUEST_ID_HEADER.lower(), record.id),))
         try:
-            return await self._infer(runtime, request)
+            return await self._observed_infer(request, record, metadata)
         except Refused as refused:
             await context.abort(refused.code, str(refused))
 
@@ -263,8 +286,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         # holds the client back. A client that sends and never reads grew the gateway without end.
         room = asyncio.Semaphore(STREAM_IN_FLIGHT)
 
+        metadata = text_metadata(context)
+
         async def serve(request: service_pb2.ModelInferRequest) -> None:
-            answers.put_nowait(await self._stream_answer(request))
+            answers.put_nowait(await self._stream_answer(request, metadata))
 
         async def read() -> None:
             try:
@@ -293,21 +318,54 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in serving:
                 task.cancel()
 
-    async def _stream_answer(self, request: service_pb2.ModelInferRequest) -> service_pb2.ModelStreamInferResponse:
-        runtime = self.engine.served(request.model_name, request.model_version or None)
-        # A refusal carries its request's id, as Triton's does: the answers of a stream come in
-        # the order they end, so the id is what tells a client which request failed.
-        named = service_pb2.ModelInferResponse(id=request.id, model_name=request.model_name, model_version=request.model_version)
-        if runtime is None:
-            message = self.engine.not_served(request.model_name, request.model_version or None)
-            return service_pb2.ModelStreamInferResponse(error_message=message, infer_response=named)
+    async def _stream_answer(
+        self, request: service_pb2.ModelInferRequest, metadata: Mapping[str, str]
+    ) -> service_pb2.ModelStreamInferResponse:
+        record = self._record(request, metadata, "ModelStreamInfer")
         try:
-            return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(runtime, request))
+            return service_pb2.ModelStreamInferResponse(infer_response=await self._observed_infer(request, record, metadata))
         except Refused as refused:
+            # A refusal carries its request's id, as Triton's does: the answers of a stream come
+            # in the order they end, so the id is what tells a client which request failed.
+            named = service_pb2.ModelInferResponse(
+                id=request.id, model_name=request.model_name, model_version=request.model_version
+            )
             return service_pb2.ModelStreamInferResponse(error_message=str(refused), infer_response=named)
 
-    async def _infer(self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferResponse:
-        """One request, served and accounted for as HTTP's are; a Refused with its code otherwise."""
+    @staticmethod
+    def _record(request: service_pb2.ModelInferRequest, metadata: Mapping[str, str], rpc_method: str) -> RequestRecord:
+        """The request's record, named as an HTTP request is: by the ``x-request-id`` metadata
+        (HTTP's header), else by the message's ``id`` (HTTP's body), else by an id made here."""
+        given = usable_request_id(metadata.get(REQUEST_ID_HEADER.lower()))
+        record = RequestRecord(
+            given or new_request_id(), given is not None, request.model_name, time.perf_counter(), rpc_method=rpc_method
+        )
+        record.name_from_body(request.id)
+        return record
+
+    async def _observed_infer(
+        self, request: service_pb2.ModelInferRequest, record: RequestRecord, metadata: Mapping[str, str]
+    ) -> service_pb2.ModelInferResponse:
+        """``_infer`` on the model the request names, then its request-log line and its spans
+        (``metadata`` carries its caller's trace context), answered, refused or left."""
+        try:
+            runtime = self.engine.served(request.model_name, request.model_version or None)
+            if runtime is None:
+                raise Refused(404, self.engine.not_served(request.model_name, request.model_version or None))
+            response = await self._infer(runtime, request, record)
+            record.status, record.rpc_code = 200, grpc.StatusCode.OK.value[0]
+            return response
+        except Refused as refused:
+            record.status, record.rpc_code = refused.status, refused.code.value[0]
+            raise
+        finally:
+            report(record, self.tracer, metadata)
+
+    async def _infer(
+        self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest, record: RequestRecord
+    ) -> service_pb2.ModelInferResponse:
+        """One request, served and accounted for as HTTP's are, its phases noted in ``record``;
+        a Refused with its code otherwise."""
         engine = self.engine
         arrival = time.perf_counter()
         engine.received(runtime)
@@ -315,7 +373,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             if self.handlers.draining:
                 outcome = "shutdown"
-                raise Refused(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down; no new requests")
+                raise Refused(503, "the gateway is shutting down; no new requests")
             try:
                 body, header_length = as_http_request(request)
                 signature = runtime.signature
@@ -325,15 +383,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 )
             except InvalidRequest as error:
                 outcome = "too_large" if error.status == 413 else "invalid"
-                raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error)) from None
+                raise Refused(error.status, str(error)) from None
+            record.entered_queue()
             try:
                 result, datatypes = await engine.answer(runtime, parsed, arrival)
             except InvalidRequest as error:  # what only the model's settings refuse (its priority levels)
                 outcome = "invalid"
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+                raise Refused(error.status, str(error)) from None
             except RequestFailed as error:
                 outcome = error.outcome
-                raise Refused(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)) from None
+                record.failed(str(error))
+                raise Refused(error.status, str(error), fallback=grpc.StatusCode.INTERNAL) from None
+            record.served(result)
             outcome = "success"
             return self._response(runtime, parsed, result, datatypes)
         except asyncio.CancelledError:
@@ -343,6 +404,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 outcome = "client_gone"
             raise
         finally:
+            record.outcome = outcome
             engine.record(runtime, outcome, arrival, result)
 
     @staticmethod
@@ -429,8 +491,9 @@ def _refuse_unauthenticated(which: str) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(refuse)
 
 
-async def start_grpc(handlers: Handlers, host: str, port: int) -> grpc.aio.Server:
-    """The gRPC service on ``host``:``port``, started; ``stop(grace)`` it at shutdown."""
+async def start_grpc(handlers: Handlers, host: str, port: int, tracer: RequestTracer | None = None) -> grpc.aio.Server:
+    """The gRPC service on ``host``:``port``, started; ``stop(grace)`` it at shutdown. With
+    ``tracer``, each infer request's spans go to it (gateway/tracing.py)."""
     config = handlers.engine.config.server
     token, admin_token = config.data_token, config.admin_token
     server = grpc.aio.server(
@@ -447,7 +510,7 @@ async def start_grpc(handlers: Handlers, host: str, port: int) -> grpc.aio.Serve
             ("grpc.max_allowed_incoming_connections", connection_cap(config.max_connections, descriptor_limit(), 2)),
         ],
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers, tracer), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address} for gRPC")

@@ -5,7 +5,9 @@ infer request without one the KServe body's ``id``, else one made here; the resp
 back in ``X-Request-ID``. An infer request also carries a ``RequestRecord``, on which the handler
 notes when each phase ended (read and checked, waited for, answered). Once the request is
 answered, the record becomes one line of the request log (gateway/logs.py) and, with tracing on,
-the request's spans (gateway/tracing.py): both are written from the same timestamps.
+the request's spans (gateway/tracing.py): both are written from the same timestamps (``report``).
+A gRPC infer request has its record too (gateway/grpc_server.py), named by its ``x-request-id``
+metadata or its message's ``id``, its trace context in its metadata.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +63,10 @@ class RequestRecord:
     result: Result | None = None  # what it was served with: device, executor, batch, timings
     error: str | None = None  # why it failed once queued
     outcome: str | None = None  # how it ended, as /metrics counts it; None: it never reached a served model
-    status: int | None = None  # the HTTP status answered; None: the client left first
+    status: int | None = None  # the HTTP status answered (over gRPC, the one its code stands for); None: the client left first
     end: float | None = None  # the handler returned its response
+    rpc_method: str | None = None  # the gRPC method that carried it (ModelInfer, ModelStreamInfer); None: HTTP
+    rpc_code: int | None = None  # the gRPC status code answered, as its number
 
     def name_from_body(self, body_id: object) -> None:
         """The KServe body's ``id`` names the request, when the client sent no usable header."""
@@ -90,6 +94,7 @@ class RequestRecord:
         return {
             "model": self.model,
             "id": self.id,
+            "protocol": "http" if self.rpc_method is None else "grpc",
             "status": self.status,
             "outcome": self.outcome,
             "executed_on": result.executed_on if result else None,
@@ -99,6 +104,16 @@ class RequestRecord:
             "compute_ms": round(result.compute_ms, 3) if result else None,
             "total_ms": round(total, 3) if total is not None else None,
         }
+
+
+def report(record: RequestRecord, tracer: RequestTracer | None, carrier: Mapping[str, str]) -> None:
+    """The request's line of the request log and, with a tracer, its spans, once it has been
+    answered or its client has left; ``carrier`` holds its caller's trace context (traceparent)."""
+    record.end = time.perf_counter()
+    if REQUEST_LOG.isEnabledFor(logging.INFO):  # off in text: no fields built for nothing
+        log_request(record.fields())
+    if tracer is not None:
+        tracer.trace(record, carrier)
 
 
 _RECORD = web.RequestKey("request_record", RequestRecord)
@@ -132,11 +147,7 @@ def observe(tracer: RequestTracer | None) -> Middleware:
             if response is not None and not response.prepared:
                 response.headers[REQUEST_ID_HEADER] = id_
             if record is not None:
-                record.end = time.perf_counter()
                 record.status = response.status if response is not None else None
-                if REQUEST_LOG.isEnabledFor(logging.INFO):  # off in text: no fields built for nothing
-                    log_request(record.fields())
-                if tracer is not None:
-                    tracer.trace(record, request.headers)
+                report(record, tracer, request.headers)
 
     return observed

@@ -672,7 +672,7 @@ async def serve(config: GatewayConfig) -> None:
         from gateway.grpc_server import start_grpc
 
         try:
-            grpc_server = await start_grpc(app[HANDLERS], config.server.host, config.server.grpc_port)
+            grpc_server = await start_grpc(app[HANDLERS], config.server.host, config.server.grpc_port, tracer)
         except (OSError, RuntimeError) as error:
             listener.close()
             await engine.stop()

@@ -7,7 +7,8 @@ sees it. The spans are written when the request has been answered, from the time
 a request waits and the spans tell the same times as the request log:
 
     POST /v2/models/{model}/infer    the whole request (kind SERVER), a child of the caller's
-    │                                span when the request carries a W3C traceparent
+    │                                span when the request carries a W3C traceparent (over gRPC,
+    │                                inference.GRPCInferenceService/ModelInfer, traceparent metadata)
     ├── receive                      its body read, checked and decoded
     ├── queue                        in the model's queue, until the dispatch core started its batch
     ├── dispatch                     the batch: inputs stacked, sent to the executor, run, answered
@@ -43,6 +44,8 @@ PHASES = ("receive", "queue", "dispatch", "execute", "reply")
 # The request's span is named as OpenTelemetry's HTTP conventions name a server span: method and route.
 INFER_ROUTE = "/v2/models/{model}/infer"
 INFER_ROUTE_SPAN = f"POST {INFER_ROUTE}"
+# Over gRPC, as OpenTelemetry's RPC conventions name a server span: the service, then the method.
+GRPC_SERVICE = "inference.GRPCInferenceService"
 INSTRUMENTATION = "sla-gateway"
 # At shutdown, how long the spans not yet sent may take to leave: an unreachable collector must
 # not hold the gateway's exit (its exporter retries for up to 10 s).
@@ -93,9 +96,7 @@ def request_spans(record: RequestRecord) -> list[PlannedSpan]:
         failure = "the client left before its answer"
     elif record.status >= 400:
         failure = record.error or f"answered {record.status}" + (f" ({record.outcome})" if record.outcome else "")
-    attributes = {**common, **served, "http.request.method": "POST", "http.route": INFER_ROUTE}
-    if record.status is not None:
-        attributes["http.response.status_code"] = record.status
+    attributes = {**common, **served, **_protocol_attributes(record)}
     if record.outcome is not None:
         attributes["gateway.outcome"] = record.outcome
     spans = [PlannedSpan("request", record.start, end, None, attributes, failure)]
@@ -121,6 +122,24 @@ def request_spans(record: RequestRecord) -> list[PlannedSpan]:
     return spans
 
 
+def request_span_name(record: RequestRecord) -> str:
+    """The request's own span's name: its route over HTTP, its method over gRPC."""
+    return INFER_ROUTE_SPAN if record.rpc_method is None else f"{GRPC_SERVICE}/{record.rpc_method}"
+
+
+def _protocol_attributes(record: RequestRecord) -> dict[str, Attribute]:
+    """What OpenTelemetry's HTTP or RPC conventions say of the request's span."""
+    if record.rpc_method is None:
+        attributes: dict[str, Attribute] = {"http.request.method": "POST", "http.route": INFER_ROUTE}
+        if record.status is not None:
+            attributes["http.response.status_code"] = record.status
+        return attributes
+    attributes = {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": record.rpc_method}
+    if record.rpc_code is not None:
+        attributes["rpc.grpc.status_code"] = record.rpc_code
+    return attributes
+
+
 class RequestTracer:
     """Writes each answered request's spans through an OpenTelemetry tracer provider."""
 
@@ -138,16 +157,18 @@ class RequestTracer:
     def _ns(self, seconds: float) -> int:
         return int(seconds * 1e9) + self._epoch_offset_ns
 
-    def trace(self, record: RequestRecord, headers: Mapping[str, str]) -> None:
+    def trace(self, record: RequestRecord, carrier: Mapping[str, str]) -> None:
+        """The request's spans, children of the caller's span that ``carrier`` (its HTTP headers
+        or gRPC metadata) names in W3C ``traceparent`` and ``tracestate``, if it does."""
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        caller = self._propagator.extract(carrier=headers)
+        caller = self._propagator.extract(carrier=carrier)
         plan = request_spans(record)
         spans: dict[str, Any] = {}
         for planned in plan:
             if planned.parent is None:
-                name = INFER_ROUTE_SPAN
+                name = request_span_name(record)
                 context, kind = caller, SpanKind.SERVER
             else:
                 name, context, kind = planned.name, trace.set_span_in_context(spans[planned.parent]), SpanKind.INTERNAL

@@ -1,6 +1,6 @@
 """`gateway serve --log-format json --access-log`: one JSON object per line, one request line per
-infer request, the request id from the client or made here and returned in X-Request-ID, and a
-malformed request that is one WARNING, not an ERROR with a traceback."""
+infer request (HTTP or gRPC), the request id from the client or made here and returned in
+X-Request-ID, and a malformed request that is one WARNING, not an ERROR with a traceback."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
 import requests
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.logs import FIELDS, JsonFormatter, TextFormatter
 from tests.helpers import ROOT, Gateway, free_port, run_gateway
@@ -41,7 +44,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> I
         '[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
         '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 8\ncpu = { cores = 0.5, threads = 1 }\n'
     )
-    with run_gateway(config, args=["--log-format", "json", "--access-log"]) as running:
+    grpc_port = free_port()
+    with run_gateway(config, args=["--log-format", "json", "--access-log", "--grpc-port", str(grpc_port)]) as running:
+        running.grpc_url = f"127.0.0.1:{grpc_port}"
         yield running
 
 
@@ -116,6 +121,50 @@ def test_request_ids_round_trip_into_header_and_log_line(gateway: Gateway) -> No
     assert not request_lines(entries, "probe-1")
     access = next(e for e in entries if e["logger"] == "gateway.access" and e.get("id") == "client-id-7")
     assert access["method"] == "POST" and access["path"] == "/v2/models/mlp/infer" and access["status"] == 200
+
+
+def grpc_infer_request(model: str = "mlp", request_id: str = "", width: int = 512) -> service_pb2.ModelInferRequest:
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, width])
+    row = np.full((1, width), 0.5, np.float32).tobytes()
+    return service_pb2.ModelInferRequest(model_name=model, id=request_id, inputs=[tensor], raw_input_contents=[row])
+
+
+def test_grpc_infer_requests_have_their_request_lines(gateway: Gateway) -> None:
+    """A gRPC infer request, of a call or of a stream, has its line of the request log as an HTTP
+    one does (it had none), named by its x-request-id metadata over its message's id, or by an id
+    made here that the call's trailing metadata carries back."""
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(grpc_infer_request(request_id="grpc-message-1"), timeout=30)
+        stub.ModelInfer(grpc_infer_request(request_id="not-this-one"), metadata=(("x-request-id", "grpc-meta-2"),), timeout=30)
+        _, call = stub.ModelInfer.with_call(grpc_infer_request(), timeout=30)
+        made = dict(call.trailing_metadata())["x-request-id"]
+        for refused in (grpc_infer_request(request_id="grpc-narrow-3", width=7), grpc_infer_request("nope", "grpc-nope-4")):
+            with pytest.raises(grpc.RpcError):
+                stub.ModelInfer(refused, timeout=30)
+        stream = [grpc_infer_request(request_id="grpc-stream-5"), grpc_infer_request(request_id="grpc-stream-6", width=7)]
+        answers = list(stub.ModelStreamInfer(iter(stream), timeout=30))
+    assert sorted(bool(a.error_message) for a in answers) == [False, True]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+
+    ids = ["grpc-message-1", "grpc-meta-2", made, "grpc-narrow-3", "grpc-nope-4", "grpc-stream-5", "grpc-stream-6"]
+    entries = wait_for_entries(
+        gateway, lambda entries: all(request_lines(entries, i) for i in ids), "a request line of every gRPC request"
+    )
+    lines = {}
+    for request_id in ids:
+        (lines[request_id],) = request_lines(entries, request_id)
+        assert lines[request_id]["protocol"] == "grpc", request_id
+    assert not request_lines(entries, "not-this-one")
+    for request_id in ("grpc-message-1", "grpc-meta-2", made, "grpc-stream-5"):
+        served = lines[request_id]
+        assert served["model"] == "mlp" and served["status"] == 200 and served["outcome"] == "success", served
+        assert served["executor"] == "cpu-mlp" and served["batch_size"] == 1 and served["total_ms"] >= served["queue_ms"]
+    # Refusals: the HTTP status their gRPC code stands for, as /metrics counts them.
+    for request_id in ("grpc-narrow-3", "grpc-stream-6"):
+        assert lines[request_id]["status"] == 400 and lines[request_id]["outcome"] == "invalid", lines[request_id]
+    assert lines["grpc-nope-4"]["model"] == "nope" and lines["grpc-nope-4"]["status"] == 404
+    assert lines["grpc-nope-4"]["outcome"] is None  # as an HTTP request for no model: no model counted it
 
 
 def test_malformed_requests_are_one_warning_per_connection(gateway: Gateway) -> None:

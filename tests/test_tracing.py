@@ -1,5 +1,5 @@
 """OpenTelemetry spans of each infer request: the gateway in process with an in-memory exporter
-(the five phases, their attributes and parents, a caller's traceparent), `gateway serve` sending
+(the five phases, their attributes and parents, a caller's traceparent, over HTTP and gRPC), `gateway serve` sending
 them by OTLP/HTTP to a collector the test runs, the [tracing] table's errors, and a gateway that
 runs and never imports OpenTelemetry without the extra."""
 
@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
 import requests
 from aiohttp.test_utils import TestClient, TestServer
@@ -21,13 +23,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.config import ConfigError, load_config
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
-from gateway.server import build_app
-from gateway.tracing import INFER_ROUTE_SPAN, PHASES, RequestTracer
-from tests.helpers import ROOT, run_gateway
+from gateway.server import HANDLERS, build_app
+from gateway.tracing import GRPC_SERVICE, INFER_ROUTE_SPAN, PHASES, RequestTracer
+from tests.helpers import ROOT, free_port, run_gateway
 
 ROW = [0.25] * 512  # one row of the example MLP's input x[N, 512]
 MODEL = '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 8\ncpu = { cores = 0.5, threads = 1 }\n'
@@ -125,6 +128,78 @@ async def test_a_refused_request_ends_in_its_phase(traced: tuple[TestClient, InM
     assert spans[INFER_ROUTE_SPAN].status.status_code is StatusCode.ERROR
     assert spans["receive"].status.status_code is StatusCode.ERROR
     assert spans[INFER_ROUTE_SPAN].attributes["gateway.outcome"] == "invalid"
+
+
+@pytest.fixture
+async def traced_grpc(tmp_models: Path) -> AsyncIterator[tuple[service_pb2_grpc.GRPCInferenceServiceStub, InMemorySpanExporter]]:
+    """The gateway's gRPC service and engine in process, its spans kept in memory."""
+    from gateway.grpc_server import start_grpc
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = Engine(load_config(write_config(tmp_models)), GatewayMetrics())
+    await engine.start()
+    tracer = RequestTracer(provider)
+    port = free_port()
+    server = await start_grpc(build_app(engine, tracer)[HANDLERS], "127.0.0.1", port, tracer)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield service_pb2_grpc.GRPCInferenceServiceStub(channel), exporter
+    finally:
+        await server.stop(None)
+        await engine.stop()
+
+
+def grpc_request(model: str = "mlp", request_id: str = "", width: int = 512) -> service_pb2.ModelInferRequest:
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, width])
+    row = np.full((1, width), 0.25, np.float32).tobytes()
+    return service_pb2.ModelInferRequest(model_name=model, id=request_id, inputs=[tensor], raw_input_contents=[row])
+
+
+def spans_of(exporter: InMemorySpanExporter, request_id: str) -> dict[str, ReadableSpan]:
+    return by_name(tuple(s for s in exporter.get_finished_spans() if s.attributes["gateway.request_id"] == request_id))
+
+
+async def test_grpc_requests_are_traced_as_http_ones(
+    traced_grpc: tuple[service_pb2_grpc.GRPCInferenceServiceStub, InMemorySpanExporter],
+) -> None:
+    """A gRPC infer request, of a call or of a stream, has the spans of an HTTP one, named by its
+    method; its traceparent metadata joins the caller's trace, its x-request-id metadata names it
+    (over the message's id), and a refusal ends in its phase (gRPC infer was traced not at all)."""
+    stub, exporter = traced_grpc
+    traceparent = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
+    metadata = (("traceparent", traceparent), ("x-request-id", "grpc-call-1"))
+    call = stub.ModelInfer(grpc_request(request_id="the-message-id"), metadata=metadata)
+    await call
+    assert ("x-request-id", "grpc-call-1") in tuple(await call.trailing_metadata())
+    answers = [a async for a in stub.ModelStreamInfer(iter([grpc_request(request_id="in-a-stream")]))]
+    assert [a.error_message for a in answers] == [""]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.ModelInfer(grpc_request(request_id="too-narrow", width=7))
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+    called = spans_of(exporter, "grpc-call-1")
+    assert set(called) == {f"{GRPC_SERVICE}/ModelInfer", *PHASES}
+    root = called[f"{GRPC_SERVICE}/ModelInfer"]
+    assert root.kind is SpanKind.SERVER and root.parent is not None and root.parent.is_remote
+    assert root.parent.trace_id == int(TRACE_ID, 16) and root.parent.span_id == int(CALLER_SPAN, 16)
+    assert {span.context.trace_id for span in called.values()} == {int(TRACE_ID, 16)}
+    for name in ("receive", "queue", "dispatch", "reply"):
+        assert called[name].parent.span_id == root.context.span_id, name
+    assert called["execute"].parent.span_id == called["dispatch"].context.span_id
+    assert root.attributes["rpc.system"] == "grpc" and root.attributes["rpc.method"] == "ModelInfer"
+    assert root.attributes["rpc.grpc.status_code"] == 0 and root.attributes["gateway.outcome"] == "success"
+    assert root.attributes["gateway.executor"] == "cpu-mlp" and root.status.status_code is not StatusCode.ERROR
+
+    streamed = spans_of(exporter, "in-a-stream")
+    assert set(streamed) == {f"{GRPC_SERVICE}/ModelStreamInfer", *PHASES}
+    assert streamed[f"{GRPC_SERVICE}/ModelStreamInfer"].parent is None
+
+    failed = spans_of(exporter, "too-narrow")
+    assert set(failed) == {f"{GRPC_SERVICE}/ModelInfer", "receive"}
+    assert all(span.status.status_code is StatusCode.ERROR for span in failed.values())
+    assert failed[f"{GRPC_SERVICE}/ModelInfer"].attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 class Collector(BaseHTTPRequestHandler):
