@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hmac
 import logging
@@ -83,23 +84,30 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return error_response(500, "internal error; see the gateway's log")
 
 
-async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+async def expect_continue(request: web.Request, observed: Middleware) -> web.StreamResponse | None:
     """``Expect: 100-continue`` (curl's for bodies over 1 KiB) as aiohttp answers it; any other
-    expectation a JSON 417, as every error of the gateway (aiohttp's own is plain text, sent
-    before any middleware runs)."""
-    expect = request.headers.get("Expect", "")
-    if expect.lower() != "100-continue":
-        # The body that may follow is not read: answered, then closed.
-        refusal = error_response(417, f"unknown expectation {expect!r}: only 100-continue is supported")
-        return await _answer_and_close(request, refusal)
+    expectation a JSON 417, as every error of the gateway (aiohttp's own is plain text).
+
+    aiohttp calls this before any middleware, and a response from it goes out without them: the
+    417 is answered through ``observed`` (the observe middleware), so that it carries its request
+    id, and an infer request's is logged and traced as any other refusal is."""
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        return await observed(request, _refuse_expectation)
     await web_urldispatcher._default_expect_handler(request)  # aiohttp's own "100 Continue", kept exact
     return None
+
+
+async def _refuse_expectation(request: web.Request) -> web.Response:
+    # The body that may follow is not read: answered, then closed.
+    expect = request.headers.get("Expect", "")
+    refusal = error_response(417, f"unknown expectation {expect!r}: only 100-continue is supported")
+    return await _answer_and_close(request, refusal)
 
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
     """Send ``response`` now, then close the connection at once: aiohttp would otherwise linger
     up to 10 s reading the rest of a body that a stalled client is not sending."""
-    if REQUEST_ID_KEY in request:  # set by observe, the outermost middleware (an Expect is answered before it)
+    if REQUEST_ID_KEY in request:  # set by observe, the outermost middleware: prepared here, the response is past it
         response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]
     response.force_close()
     await response.prepare(request)
@@ -586,19 +594,21 @@ class Handlers:
 def build_app(engine: Engine, tracer: RequestTracer | None = None) -> web.Application:
     """The gateway's app; with ``tracer``, each infer request's spans go to it (gateway/tracing.py)."""
     server = engine.config.server
+    observed = observe(tracer)
     app = web.Application(
-        middlewares=[observe(tracer), errors_as_json, bearer_guard(server.admin_token, server.data_token)],
+        middlewares=[observed, errors_as_json, bearer_guard(server.admin_token, server.data_token)],
         client_max_size=server.max_body_bytes,
     )
     app[ENGINE] = engine
     h = app[HANDLERS] = Handlers(engine)
     # The route table (gateway/routes.py), which the OpenAPI document is built from too. A GET
     # answers HEAD as well, as aiohttp's web.get does.
+    expect = functools.partial(expect_continue, observed=observed)
     app.add_routes(
         [
-            web.get(r.path, getattr(h, r.handler), expect_handler=expect_continue)
+            web.get(r.path, getattr(h, r.handler), expect_handler=expect)
             if r.method == "GET"
-            else web.route(r.method, r.path, getattr(h, r.handler), expect_handler=expect_continue)
+            else web.route(r.method, r.path, getattr(h, r.handler), expect_handler=expect)
             for r in ROUTES
         ]
     )

@@ -123,6 +123,27 @@ def test_request_ids_round_trip_into_header_and_log_line(gateway: Gateway) -> No
     assert access["method"] == "POST" and access["path"] == "/v2/models/mlp/infer" and access["status"] == 200
 
 
+def test_a_refused_expectation_keeps_its_request_id(gateway: Gateway) -> None:
+    """An Expect other than 100-continue is answered 417 before any middleware runs: the answer
+    lost its X-Request-ID, the access log its id, and the infer request its request line."""
+    head = "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nX-Request-ID: expects-1\r\nExpect: bogus\r\n"
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
+        conn.sendall(f"{head}Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+        answer = b""
+        while chunk := conn.recv(4096):  # the gateway answers 417 and closes
+            answer += chunk
+    status_line, *headers = answer.split(b"\r\n\r\n")[0].decode().split("\r\n")
+    assert " 417 " in status_line, answer
+    assert "x-request-id: expects-1" in [h.lower() for h in headers], headers
+
+    def logged(entries: list[dict]) -> bool:
+        return any(e["logger"] == "gateway.access" and e.get("id") == "expects-1" for e in entries)
+
+    entries = wait_for_entries(gateway, logged, "the 417's access line")
+    (line,) = request_lines(entries, "expects-1")
+    assert line["model"] == "mlp" and line["status"] == 417 and line["outcome"] is None, line
+
+
 def grpc_infer_request(model: str = "mlp", request_id: str = "", width: int = 512) -> service_pb2.ModelInferRequest:
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, width])
     row = np.full((1, width), 0.5, np.float32).tobytes()

@@ -202,6 +202,19 @@ async def test_grpc_requests_are_traced_as_http_ones(
     assert failed[f"{GRPC_SERVICE}/ModelInfer"].attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
+async def test_a_refused_expectation_is_traced(traced: tuple[TestClient, InMemorySpanExporter]) -> None:
+    """An Expect other than 100-continue is answered 417 before any middleware: it had no span."""
+    client, exporter = traced
+    headers = {"Expect": "bogus", "X-Request-ID": "expects-2"}
+    response = await client.post("/v2/models/mlp/infer", json=infer_body(), headers=headers)
+    assert response.status == 417 and response.headers["X-Request-ID"] == "expects-2"
+
+    spans = by_name(exporter.get_finished_spans())
+    assert set(spans) == {INFER_ROUTE_SPAN, "receive"}
+    assert spans[INFER_ROUTE_SPAN].attributes["http.response.status_code"] == 417
+    assert all(span.status.status_code is StatusCode.ERROR for span in spans.values())
+
+
 class Collector(BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver of traces: keeps each request's body."""
 
