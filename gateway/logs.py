@@ -15,13 +15,15 @@ after the response (``AccessLog``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import json
 import logging
 import logging.handlers
+import os
 import queue
 import sys
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any
 
 import orjson
@@ -97,6 +99,55 @@ class TextFormatter(logging.Formatter):
 # has stopped reading (a pipe nobody drains), and a request log line per request would otherwise
 # grow the gateway's memory without end.
 MAX_QUEUED_RECORDS = 10_000
+# At exit, how long the writer thread may take to write what is still queued. Where stderr's
+# reader has stopped reading, the thread is stuck in write() for good: waiting for it held the
+# process after SIGTERM for as long as nobody read (forever, for a pipe nobody drains).
+EXIT_WRITE_WAIT_S = 2.0
+
+
+class _DescriptorWriter(logging.Handler):
+    """Writes each record, one line, straight to a file descriptor (stderr's), from the writer
+    thread alone, holding no lock while it writes.
+
+    Not through ``sys.stderr`` (a StreamHandler): a write that never returns (a reader that
+    stopped reading) held sys.stderr's buffer lock and the handler's lock, and at exit logging's
+    shutdown takes every handler's lock and the interpreter flushes sys.stderr: the process
+    never ended."""
+
+    def __init__(self, descriptor: int):
+        super().__init__()
+        self.descriptor = descriptor
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # Logging's own handle() holds the handler's lock around emit: one thread calls this.
+        passed = bool(self.filter(record))
+        if passed:
+            self.emit(record)
+        return passed
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            # As sys.stderr writes what is not UTF-8 (lone surrogates of header bytes, in text).
+            line = (self.format(record) + "\n").encode("utf-8", "backslashreplace")
+            while line:
+                line = line[os.write(self.descriptor, line) :]
+        except Exception:
+            self.handleError(record)
+
+
+class _Writer(logging.handlers.QueueListener):
+    """The thread that writes the queued records (a daemon: it never holds the process)."""
+
+    def stop_within(self, seconds: float) -> None:
+        """Write what is queued, for at most ``seconds``, then let the thread be."""
+        deadline = monotonic() + seconds
+        thread = self._thread
+        if thread is None:
+            return
+        self._thread = None
+        with contextlib.suppress(queue.Full):  # full and not draining: the thread is stuck
+            self.queue.put(self._sentinel, timeout=seconds)
+        thread.join(max(deadline - monotonic(), 0.0))
 
 
 class _InProcessQueueHandler(logging.handlers.QueueHandler):
@@ -137,12 +188,12 @@ def configure_logging(level: str, log_format: str = "text", access_log: bool = F
     written on the loop would stall every request while stderr's reader (a pipe to a container
     runtime, a terminal) is slow to read.
     """
-    writer = logging.StreamHandler(sys.stderr)
+    writer = _DescriptorWriter(sys.stderr.fileno())
     writer.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     records: queue.Queue[logging.LogRecord] = queue.Queue(MAX_QUEUED_RECORDS)
-    listener = logging.handlers.QueueListener(records, writer)
+    listener = _Writer(records, writer)
     listener.start()
-    atexit.register(listener.stop)  # what is queued is written before the process ends
+    atexit.register(listener.stop_within, EXIT_WRITE_WAIT_S)  # what is queued is written before the process ends
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

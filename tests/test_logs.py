@@ -376,3 +376,35 @@ def test_grpc_cores_own_lines_are_off_unless_asked_for(tmp_models: Path, verbosi
         assert raw == [], raw
     else:
         assert any("grpc-timeout" in line for line in raw), running.output()
+
+
+LOG_AND_EXIT = """
+import logging, sys
+from gateway.logs import configure_logging
+configure_logging("INFO", "json")
+for number in range(int(sys.argv[1])):
+    logging.getLogger("gateway.test").warning("line %d of a log nobody may read", number)
+"""
+
+
+def test_the_process_ends_when_nobody_reads_stderr() -> None:
+    """At exit the writer thread is given a bounded time to write what is queued: stuck in write()
+    on a pipe nobody reads, it held the process (SIGTERM never ended `gateway serve`). Read, every
+    record queued is written before the process ends."""
+    command = [sys.executable, "-c", LOG_AND_EXIT, "2000"]  # some 250 KB: past any pipe's buffer
+    unread = subprocess.Popen(command, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        unread.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        unread.kill()
+        unread.wait()
+        raise AssertionError("the process did not end while nobody read its stderr") from None
+    finally:
+        assert unread.stderr is not None
+        unread.stderr.close()
+    assert unread.returncode == 0
+
+    read = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert read.returncode == 0, read.stderr
+    lines = [json.loads(line)["message"] for line in read.stderr.splitlines()]
+    assert lines == [f"line {number} of a log nobody may read" for number in range(2000)]
