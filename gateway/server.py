@@ -47,6 +47,9 @@ SERVER_NAME = "gateway"
 # handlers: together within the second the gateway allows itself past drain_timeout_s.
 CLOSE_GRACE_S = 0.5
 HANDLER_SHUTDOWN_S = 0.25
+# The access log's status of a request whose client left before its answer (aiohttp writes no
+# line for it): nginx's 499, "client closed request".
+CLIENT_CLOSED_REQUEST = 499
 # What /v2 lists: the binary tensor data, model configuration and statistics extensions of
 # Triton (perf_analyzer asks for statistics only where they are listed).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
@@ -217,7 +220,8 @@ def _parse_chunks(chunks: list[bytes], *args: Any) -> InferRequest:
 
 
 class JsonErrorConnection(GatewayConnection):
-    """A ``GatewayConnection`` whose own errors are the documented JSON ``{"error": ...}``.
+    """A ``GatewayConnection`` whose own errors are the documented JSON ``{"error": ...}``, and
+    whose every request has its access-log line.
 
     What aiohttp's HTTP parser refuses (a bad request line, an invalid header, a request line or
     header over its size limits) is answered by the connection itself, before any middleware,
@@ -249,6 +253,15 @@ class JsonErrorConnection(GatewayConnection):
         response = error_response(status, text)
         response.force_close()
         return response
+
+    async def _handle_request(self, request: Any, start_time: Any, request_handler: Any) -> Any:
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        except asyncio.CancelledError:
+            # Its client left, and its handler was cancelled (handler_cancellation): aiohttp
+            # writes the access line after a response alone.
+            self.log_access(request, web.Response(status=CLIENT_CLOSED_REQUEST), start_time)
+            raise
 
 
 class Handlers:

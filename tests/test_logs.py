@@ -26,7 +26,7 @@ import requests
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.logs import FIELDS, JsonFormatter, TextFormatter
-from tests.helpers import ROOT, Gateway, free_port, run_gateway
+from tests.helpers import ROOT, Gateway, free_port, metric_value, run_gateway
 
 ROW = [0.5] * 512  # one row of the example MLP's input x[N, 512]
 
@@ -142,6 +142,32 @@ def test_a_refused_expectation_keeps_its_request_id(gateway: Gateway) -> None:
     entries = wait_for_entries(gateway, logged, "the 417's access line")
     (line,) = request_lines(entries, "expects-1")
     assert line["model"] == "mlp" and line["status"] == 417 and line["outcome"] is None, line
+
+
+def test_a_client_that_leaves_has_its_access_line(gateway: Gateway) -> None:
+    """aiohttp writes the access line after a response: a request whose client hung up first
+    (its handler cancelled) had none. It has one now, status 499 (nginx's 'client closed request')."""
+    body = json.dumps(infer_body()).encode()
+    head = f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nX-Request-ID: leaves-1\r\nContent-Length: {len(body)}\r\n\r\n"
+    executor = gateway.executor_pid("mlp")
+    os.kill(executor, signal.SIGSTOP)  # no request can end but by its client
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
+            conn.sendall(head.encode() + body)
+            deadline = time.monotonic() + 10
+            while metric_value(gateway.metrics(), "gateway_requests_in_flight", model="mlp") < 1:
+                assert time.monotonic() < deadline, "the request never reached its model"
+                time.sleep(0.05)
+    finally:
+        os.kill(executor, signal.SIGCONT)
+
+    def logged(entries: list[dict]) -> bool:
+        return any(e["logger"] == "gateway.access" and e.get("id") == "leaves-1" for e in entries)
+
+    entries = wait_for_entries(gateway, logged, "the access line of a request whose client left")
+    (access,) = [e for e in entries if e["logger"] == "gateway.access" and e.get("id") == "leaves-1"]
+    assert access["status"] == 499 and access["path"] == "/v2/models/mlp/infer" and access["bytes"] == 0, access
+    assert request_lines(entries, "leaves-1")[0]["outcome"] == "client_gone"
 
 
 def grpc_infer_request(model: str = "mlp", request_id: str = "", width: int = 512) -> service_pb2.ModelInferRequest:
