@@ -29,6 +29,19 @@ def port_number(text: str) -> int:
     return port
 
 
+# Python's logging levels, by their names (its aliases WARN and FATAL left out: one name each).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """A level of LOG_LEVELS, in any case: logging refused another only once the gateway had
+    begun (a traceback, 'Unknown level')."""
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (in any case), got {text!r}")
+    return level
+
+
 def listen_address(text: str) -> str:
     """HOST:PORT, as worker.listen is checked in the config."""
     from gateway.config.schema import host_port
@@ -47,7 +60,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _log_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=log_level, default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
     parser.add_argument(
         "--log-format", choices=("text", "json"), default="text", help="json: one JSON object per line for every log record"
     )
@@ -164,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, (module_name, help_text) in COMMANDS.items():
         command = commands.add_parser(name, help=help_text, description=help_text)
-        command.add_argument("--log-level", default="WARNING")
+        command.add_argument("--log-level", type=log_level, default="WARNING", help=f"one of {', '.join(LOG_LEVELS)}")
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(command)
@@ -176,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
         configure_logging(args.log_level, args.log_format, args.access_log)
     else:
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return args.run(args)
 
 

@@ -39,3 +39,26 @@ def test_each_sub_command_has_its_arguments(name, capsys):
         main([name, "--help"])
     assert exited.value.code == 0
     assert "--log-level" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["serve", "worker", *COMMANDS])
+@pytest.mark.parametrize("level", ["bogus", "10"])
+def test_a_log_level_logging_does_not_know_is_a_usage_error(name, level, capsys):
+    """logging refused it once the command had begun: a traceback ('Unknown level')."""
+    arguments = [name, "config.toml"] if name in ("serve", "worker") else [name]
+    with pytest.raises(SystemExit) as exited:
+        main([*arguments, "--log-level", level])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument --log-level: must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (in any case), got '{level}'" in error
+
+
+def test_a_log_level_is_taken_in_any_case():
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "config-schema", "--log-level", "debug"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
