@@ -62,6 +62,7 @@ class RequestRecord:
     waited: float | None = None  # its result, or its error, reached the handler
     result: Result | None = None  # what it was served with: device, executor, batch, timings
     error: str | None = None  # why it failed once queued
+    dispatched: float | None = None  # the dispatch core began its batch, of one that failed after (a Result says it)
     outcome: str | None = None  # how it ended, as /metrics counts it; None: it never reached a served model
     status: int | None = None  # the HTTP status answered (over gRPC, the one its code stands for); None: the client left first
     end: float | None = None  # the handler returned its response
@@ -80,8 +81,10 @@ class RequestRecord:
     def served(self, result: Result) -> None:
         self.waited, self.result = time.perf_counter(), result
 
-    def failed(self, message: str) -> None:
-        self.waited, self.error = time.perf_counter(), message
+    def failed(self, message: str, dispatched: float | None = None) -> None:
+        """It failed once queued: with ``dispatched``, once its batch had begun (timed out while
+        it ran, its executor failed, the model refused the input)."""
+        self.waited, self.error, self.dispatched = time.perf_counter(), message, dispatched
 
     @property
     def total_ms(self) -> float | None:

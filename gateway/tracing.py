@@ -104,11 +104,17 @@ def request_spans(record: RequestRecord) -> list[PlannedSpan]:
     if record.parsed is None:  # it ended before it could be queued: refused, invalid, or left
         return [*spans, PlannedSpan("receive", record.start, end, "request", dict(common), failure)]
     spans.append(PlannedSpan("receive", record.start, record.parsed, "request", dict(common)))
-    if result is None:  # it ended in the queue: refused, timed out, failed, or left
+    if result is None:
         until = record.waited if record.waited is not None else end
-        spans.append(PlannedSpan("queue", record.parsed, until, "request", dict(common), failure))
+        if record.dispatched is None:  # it ended in the queue: refused, timed out, or left
+            spans.append(PlannedSpan("queue", record.parsed, until, "request", dict(common), failure))
+            return spans
+        # It failed once its batch had begun (timed out while it ran, its executor failed): the
+        # queue ended there, and the batch's round trip ended with the error.
+        began = min(max(record.parsed, record.dispatched), until)
+        spans.append(PlannedSpan("queue", record.parsed, began, "request", dict(common)))
+        spans.append(PlannedSpan("dispatch", began, until, "request", dict(common), failure))
         return spans
-    assert record.waited is not None
     started = max(record.parsed, result.started)
     compute_start = max(started, result.ended - result.compute_ms / 1000)
     spans += [

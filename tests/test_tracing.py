@@ -28,8 +28,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from gateway.config import ConfigError, load_config
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
+from gateway.observe import RequestRecord
 from gateway.server import HANDLERS, build_app
-from gateway.tracing import GRPC_SERVICE, INFER_ROUTE_SPAN, PHASES, RequestTracer
+from gateway.tracing import GRPC_SERVICE, INFER_ROUTE_SPAN, PHASES, RequestTracer, request_spans
 from tests.helpers import ROOT, free_port, run_gateway
 
 ROW = [0.25] * 512  # one row of the example MLP's input x[N, 512]
@@ -213,6 +214,31 @@ async def test_a_refused_expectation_is_traced(traced: tuple[TestClient, InMemor
     assert set(spans) == {INFER_ROUTE_SPAN, "receive"}
     assert spans[INFER_ROUTE_SPAN].attributes["http.response.status_code"] == 417
     assert all(span.status.status_code is StatusCode.ERROR for span in spans.values())
+
+
+def failed_record(dispatched: float | None) -> RequestRecord:
+    """A request that was queued at 10.001 s and timed out at 10.021 s (answered 504 at 10.022 s)."""
+    record = RequestRecord("late-1", True, "slow", start=10.0, parsed=10.001)
+    record.failed("timed out after 20 ms while its batch ran; the result is discarded", dispatched)
+    record.waited, record.end, record.status, record.outcome = 10.021, 10.022, 504, "timeout"
+    return record
+
+
+def test_a_request_that_fails_while_its_batch_runs_ends_in_dispatch() -> None:
+    """A request that failed once its batch had begun (timed out as it ran) was traced as if it
+    never left the queue: its queue span ran on to the timeout, the error, and it had no dispatch."""
+    spans = {span.name: span for span in request_spans(failed_record(dispatched=10.002))}
+    assert list(spans) == ["request", "receive", "queue", "dispatch"]
+    assert (spans["queue"].start, spans["queue"].end, spans["queue"].error) == (10.001, 10.002, None)
+    dispatch = spans["dispatch"]
+    assert (dispatch.parent, dispatch.start, dispatch.end) == ("request", 10.002, 10.021)
+    assert dispatch.error == "timed out after 20 ms while its batch ran; the result is discarded"
+    assert spans["request"].error == dispatch.error and spans["request"].end == 10.022
+
+    # One that timed out waiting in the queue still ends there.
+    spans = {span.name: span for span in request_spans(failed_record(dispatched=None))}
+    assert list(spans) == ["request", "receive", "queue"]
+    assert spans["queue"].end == 10.021 and spans["queue"].error is not None
 
 
 class Collector(BaseHTTPRequestHandler):
