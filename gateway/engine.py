@@ -76,9 +76,12 @@ Executor = SupervisedExecutor | RemoteExecutor
 class RequestFailed(RuntimeError):
     """A request that was accepted but could not be served; ``status`` is its HTTP status."""
 
-    def __init__(self, message: str, status: int, outcome: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self, message: str, status: int, outcome: str, headers: dict[str, str] | None = None, dispatched: float | None = None
+    ):
         super().__init__(message)
         self.status, self.outcome, self.headers = status, outcome, headers or {}
+        self.dispatched = dispatched  # the dispatch core began the request's batch (None: it never did)
 
 
 @dataclass
@@ -990,9 +993,9 @@ class Engine:
             elif isinstance(action, Finish):
                 self._finish(action)
             elif isinstance(action, Fail):
-                error = RequestFailed(action.message, action.status, action.outcome, dict(action.headers))
                 for request in action.requests:
                     touched.add(request.model)
+                    error = RequestFailed(action.message, action.status, action.outcome, dict(action.headers), request.dispatched)
                     self._settle(request.id, error=error)
             elif isinstance(action, WakeAt):
                 self._wake_at(action.time)

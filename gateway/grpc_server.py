@@ -392,7 +392,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise Refused(error.status, str(error)) from None
             except RequestFailed as error:
                 outcome = error.outcome
-                record.failed(str(error))
+                record.failed(str(error), error.dispatched)
                 raise Refused(error.status, str(error), fallback=grpc.StatusCode.INTERNAL) from None
             record.served(result)
             outcome = "success"

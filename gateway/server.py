@@ -427,7 +427,7 @@ class Handlers:
         try:
             result, datatypes = await self.engine.answer(runtime, parsed, arrival)
         except RequestFailed as error:
-            record.failed(str(error))
+            record.failed(str(error), error.dispatched)
             return error_response(error.status, str(error), error.headers), error.outcome, None
         record.served(result)
         parameters = result.parameters()

@@ -5,7 +5,9 @@ runs and never imports OpenTelemetry without the extra."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -29,7 +31,7 @@ from gateway.config import ConfigError, load_config
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.observe import RequestRecord
-from gateway.server import HANDLERS, build_app
+from gateway.server import ENGINE, HANDLERS, build_app
 from gateway.tracing import GRPC_SERVICE, INFER_ROUTE_SPAN, PHASES, RequestTracer, request_spans
 from tests.helpers import ROOT, free_port, run_gateway
 
@@ -239,6 +241,28 @@ def test_a_request_that_fails_while_its_batch_runs_ends_in_dispatch() -> None:
     spans = {span.name: span for span in request_spans(failed_record(dispatched=None))}
     assert list(spans) == ["request", "receive", "queue"]
     assert spans["queue"].end == 10.021 and spans["queue"].error is not None
+
+
+async def test_a_request_that_times_out_while_its_batch_runs_is_traced_so(
+    traced: tuple[TestClient, InMemorySpanExporter],
+) -> None:
+    """The engine gave its handler no batch start: served, such a request was still drawn as if
+    it never left the queue. Its executor is paused (SIGSTOP) once it has the batch."""
+    client, exporter = traced
+    executor = client.server.app[ENGINE].executors["cpu-mlp"]
+    body = {**infer_body(), "parameters": {"timeout": 300_000}}  # 0.3 s, in Triton's microseconds
+    os.kill(executor.pid, signal.SIGSTOP)
+    try:
+        response = await client.post("/v2/models/mlp/infer", json=body, headers={"X-Request-ID": "late-in-batch"})
+    finally:
+        os.kill(executor.pid, signal.SIGCONT)
+    assert response.status == 504 and "while its batch ran" in (await response.text())
+
+    spans = by_name(exporter.get_finished_spans())
+    assert set(spans) == {INFER_ROUTE_SPAN, "receive", "queue", "dispatch"}
+    assert spans["queue"].status.status_code is not StatusCode.ERROR
+    assert spans["queue"].end_time == spans["dispatch"].start_time
+    assert spans["dispatch"].status.status_code is StatusCode.ERROR
 
 
 class Collector(BaseHTTPRequestHandler):
