@@ -55,6 +55,7 @@ from gateway.engine import RequestFailed
 from gateway.observe import REQUEST_ID_HEADER, RequestRecord, new_request_id, report, usable_request_id
 from gateway.protocol import InvalidRequest, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
+from gateway.routes import NOT_SERVED
 
 if TYPE_CHECKING:
     from gateway.engine import Engine, ModelRuntime, Result
@@ -202,8 +203,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=list(EXTENSIONS))
 
     async def ModelReady(self, request, context):  # noqa: N802
-        runtime = await self._runtime(request.name, request.version, context)
-        return service_pb2.ModelReadyResponse(ready=runtime.ready and not self.handlers.draining)
+        # Triton's ModelIsReady: a model (or version) not served is not ready, no error; tritonclient's
+        # is_model_ready polled after an unload raised NOT_FOUND where it returns False (as over HTTP).
+        runtime = self.engine.served(request.name, request.version or None)
+        return service_pb2.ModelReadyResponse(ready=runtime is not None and runtime.ready and not self.handlers.draining)
 
     async def ModelMetadata(self, request, context):  # noqa: N802
 
@@ -437,21 +440,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return runtime
 
 
-# What is not served: UNIMPLEMENTED with the reason, where the servicer's default answered
-# "Method not implemented!" and left a traceback in the log for each call.
-IN_THE_REQUEST = "tensors travel in the request"
-NOT_SERVED = {
-    "CudaSharedMemoryStatus": ("CUDA shared memory", IN_THE_REQUEST),
-    "CudaSharedMemoryRegister": ("CUDA shared memory", IN_THE_REQUEST),
-    "CudaSharedMemoryUnregister": ("CUDA shared memory", IN_THE_REQUEST),
-    "SystemSharedMemoryStatus": ("system shared memory", IN_THE_REQUEST),
-    "SystemSharedMemoryRegister": ("system shared memory", IN_THE_REQUEST),
-    "SystemSharedMemoryUnregister": ("system shared memory", IN_THE_REQUEST),
-    "TraceSetting": ("Triton's trace settings", "traces go to OpenTelemetry ([tracing] in the config)"),
-    "LogSettings": ("Triton's log settings", "logs are set by gateway serve's --log-format and --access-log"),
-}
-
-
+# What is not served (gateway/routes.py's NOT_SERVED): UNIMPLEMENTED with the reason, where the
+# servicer's default answered "Method not implemented!" and left a traceback in the log for each call.
 def _not_served(what: str, instead: str) -> Any:
     async def refuse(self: InferenceService, request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not served by this gateway: {instead}")
@@ -459,8 +449,9 @@ def _not_served(what: str, instead: str) -> Any:
     return refuse
 
 
-for _method, (_what, _instead) in NOT_SERVED.items():
-    setattr(InferenceService, _method, _not_served(_what, _instead))
+for _what, _instead, _, _methods in NOT_SERVED:
+    for _method in _methods:
+        setattr(InferenceService, _method, _not_served(_what, _instead))
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):

@@ -9,6 +9,7 @@ server's guard and by the document's ``security``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -243,3 +244,39 @@ ROUTES: tuple[Route, ...] = (
         (400,),
     ),
 )
+
+
+# Triton's extensions this gateway does not serve: what each is, what to do instead, the paths of
+# its HTTP routes and the names of its gRPC methods. Both protocols refuse them with the reason
+# (HTTP 501, gRPC UNIMPLEMENTED), where HTTP answered a bare 404 "Not Found" and perf_analyzer
+# printed only "Unable to init infer data manager: Not Found".
+IN_THE_REQUEST = "tensors travel in the request"
+NOT_SERVED: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "CUDA shared memory",
+        IN_THE_REQUEST,
+        r"/v2/cudasharedmemory(/.*)?",
+        ("CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"),
+    ),
+    (
+        "system shared memory",
+        IN_THE_REQUEST,
+        r"/v2/systemsharedmemory(/.*)?",
+        ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"),
+    ),
+    (
+        "Triton's trace settings",
+        "traces go to OpenTelemetry ([tracing] in the config)",
+        r"/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting",
+        ("TraceSetting",),
+    ),
+    ("Triton's log settings", "logs are set by gateway serve's --log-format and --access-log", r"/v2/logging", ("LogSettings",)),
+)
+
+
+def not_served_reason(path: str) -> str | None:
+    """Why a path of Triton's HTTP API that this gateway has no route for is not served, or None."""
+    for what, instead, pattern, _ in NOT_SERVED:
+        if re.fullmatch(pattern, path):
+            return f"{what} is not served by this gateway: {instead}"
+    return None

@@ -31,7 +31,7 @@ from gateway.observe import REQUEST_ID_HEADER, observe, record_of
 from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
-from gateway.routes import ROUTES, SLA_MS_RANGE, plane
+from gateway.routes import ROUTES, SLA_MS_RANGE, not_served_reason, plane
 from gateway.stopping import start_unless_stopped, stop_on_signals
 from gateway.tracing import RequestTracer, start_tracing
 from gateway.ui.assets import ASSETS, PAGE, read_asset
@@ -78,6 +78,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as error:
         if error.status < 400:
             raise
+        if error.status == 404 and (reason := not_served_reason(request.path)) is not None:
+            return error_response(501, reason)
         message = error.text if error.text and not error.text.startswith(f"{error.status}:") else error.reason
         # Keep what the status needs beside the body, such as the Allow of a 405 (RFC 9110).
         kept = {k: v for k, v in error.headers.items() if k.lower() not in ("content-type", "content-length")}

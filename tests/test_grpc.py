@@ -236,6 +236,32 @@ def test_calls_not_served_say_why_and_leave_no_traceback(grpc_gateway):
     assert "NotImplementedError" not in grpc_gateway.output()
 
 
+def test_the_same_calls_over_http_say_why_too(grpc_gateway):
+    """HTTP answered a bare 404 "Not Found" (perf_analyzer --shared-memory system printed only
+    "Unable to init infer data manager: Not Found")."""
+    import tritonclient.http as triton_http
+
+    client = triton_http.InferenceServerClient(grpc_gateway.url)
+    for call, words in (
+        (client.get_system_shared_memory_status, "system shared memory is not served by this gateway"),
+        (lambda: client.register_cuda_shared_memory("r", b"handle", 0, 4), "CUDA shared memory is not served"),
+        (client.get_trace_settings, "Triton's trace settings is not served"),
+        (lambda: client.get_trace_settings("mlp"), "traces go to OpenTelemetry"),
+        (client.get_log_settings, "logs are set by gateway serve's --log-format"),
+    ):
+        with pytest.raises(InferenceServerException) as refused:
+            call()
+        assert refused.value.status() == "501" and words in refused.value.message(), refused.value
+
+
+def test_a_model_not_served_is_not_ready_as_triton_answers(grpc_gateway):
+    """Triton's ModelReady answers ready=false for a model or version it does not serve; the
+    gateway raised NOT_FOUND, so that polling is_model_ready after an unload raised."""
+    client = triton_grpc.InferenceServerClient(grpc_gateway.grpc_url)
+    assert client.is_model_ready("mlp")
+    assert not client.is_model_ready("no_such_model") and not client.is_model_ready("mlp", "7")
+
+
 def test_a_stream_of_requests_is_answered_each_once(grpc_gateway):
     """tritonclient's start_stream / async_stream_infer (perf_analyzer --streaming): every
     request answered with its id, a refused one with its error, and the stream goes on."""
