@@ -7,6 +7,7 @@ same layout, so a tensor is never turned into JSON inside the system.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any
 
@@ -107,6 +108,24 @@ def decode_bytes_elements(buffer: bytes | memoryview, count: int) -> np.ndarray:
     for start in range(0, count, _ELEMENTS_PER_STEP):
         array[start : start + _ELEMENTS_PER_STEP] = items[start : start + _ELEMENTS_PER_STEP]
     return array
+
+
+def first_non_text(array: np.ndarray) -> int | None:
+    """The flat index of the first element of a BYTES tensor that is bytes but not UTF-8 text, or None.
+
+    Joined with NULs, the elements are UTF-8 exactly when each one is (a NUL neither continues a
+    character nor begins one): one decode in C for the common case, a search only for a refusal."""
+    items = array.ravel().tolist()
+    with contextlib.suppress(UnicodeDecodeError, TypeError):
+        b"\0".join(items).decode("utf-8")
+        return None
+    for index, item in enumerate(items):
+        if isinstance(item, bytes):
+            try:
+                item.decode("utf-8")
+            except UnicodeDecodeError:
+                return index
+    return None
 
 
 def tensor_to_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:

@@ -39,6 +39,7 @@ from executors.container import DockerBackend
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor, cpu_seconds_since
 from executors.limits import Actuator
 from executors.sockets import socket_folder
+from executors.tensors import first_non_text
 from gateway.batching import batch_key, split_outputs, stack_inputs
 from gateway.cluster.dispatcher import Cluster
 from gateway.cluster.link import RemoteExecutor
@@ -707,6 +708,14 @@ class Engine:
             # name: its signature and limits may differ from those the request was read against)
             # began, and read its body meanwhile.
             raise RequestFailed(f"model '{runtime.served_name}' was unloaded before this request ran", 503, "unloaded")
+        for name in runtime.signature.text_inputs:
+            # ONNX Runtime's string tensors hold text: the executor turned each byte that is no
+            # UTF-8 into U+FFFD and answered 200 on what the client never sent.
+            if (index := first_non_text(request.inputs[name])) is not None:
+                raise InvalidRequest(
+                    f"input '{name}': element {index} is not UTF-8 text; a BYTES input of an ONNX model is a string "
+                    "tensor, which holds UTF-8 text only (send binary data as UINT8)"
+                )
         levels = runtime.config.priority_levels
         if request.priority > levels:
             raise InvalidRequest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,11 @@ class ModelSignature:
         changing any result; any other model is served one request at a time.
         """
         return all(len(t.shape) >= 1 and t.shape[0] == -1 for t in self.inputs + self.outputs)
+
+    @functools.cached_property
+    def text_inputs(self) -> tuple[str, ...]:
+        """The BYTES inputs: ONNX Runtime's string tensors, which hold UTF-8 text only."""
+        return tuple(t.name for t in self.inputs if t.datatype == "BYTES")
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)

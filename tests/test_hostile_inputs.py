@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -362,3 +363,20 @@ def test_an_unknown_expectation_is_a_json_417(gateway, method, path):
         f"{gateway.base}/v2/models/mlp/infer", data=json.dumps(GOOD), headers={**AUTH, "Expect": "100-continue"}, timeout=10
     )
     assert response.status_code == 200, response.text
+
+
+def test_bytes_that_are_no_utf8_text_are_refused_not_altered(gateway):
+    """An ONNX model's BYTES input is a string tensor: the executor turned each byte that is no
+    UTF-8 into U+FFFD and answered 200 with what the client never sent. Text and bytes that are
+    UTF-8 still go through as they are."""
+    elements = [b"\x89PNG\r\n\x1a\n\xff\xd8", "é".encode(), b"plain"]
+    raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
+    spec = {"name": "text", "shape": [1, 3], "datatype": "BYTES"}
+    before = outcomes(gateway, "strings")
+    body, length = binary_request([(spec, raw)])
+    response = infer(gateway, body, "strings", {"Inference-Header-Content-Length": str(length)})
+    refused(gateway, response, 400, "input 'text': element 0 is not UTF-8 text", before, "strings")
+    body, length = binary_request([(spec, b"".join(struct.pack("<I", len(e)) + e for e in [b"a\x00b", *elements[1:]]))])
+    answer = infer(gateway, body, "strings", {"Inference-Header-Content-Length": str(length)})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == ["a\x00b", "é", "plain"]
