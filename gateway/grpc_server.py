@@ -64,6 +64,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.grpc")
 
+
+class EndedCallAnswered(logging.Filter):
+    """grpc.aio logs an ERROR with a traceback when a handler answers a call that has already
+    ended (its client's deadline passed, or the client left, as the answer was written): the
+    client went, as over HTTP, and the request is accounted for already. Such lines are left out;
+    every other line of grpc's passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("ExecuteBatchError raised in core by servicer method")
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(EndedCallAnswered())
+
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
