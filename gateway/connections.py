@@ -13,6 +13,10 @@ off. Two rules bound that:
   reusable connections (idle keep-alive ones, and new ones that have not sent a full head), oldest
   first (``ngx_drain_connections``). Here the connection that has waited longest without a
   request in progress is closed, the newcomer itself when every other one is serving a request.
+- A deadline on writes, as nginx's ``send_timeout``: a connection whose client reads nothing of
+  its answers (the transport's buffer full, writing paused) for ``send_timeout_s`` is closed, and
+  at the cap such a connection is closed before a newcomer. Four clients that pipelined requests
+  and never read their answers held their connections for good and locked every other client out.
   The cap is kept below the descriptor limit (``connection_cap``): ``accept`` failing with EMFILE
   is what turns held connections into refused requests.
 
@@ -24,6 +28,7 @@ off. Two rules bound that:
 from __future__ import annotations
 
 import asyncio
+import math
 import resource
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
@@ -59,12 +64,14 @@ class ConnectionTable(Generic[C]):
     order they entered it, which is then the order of their deadlines and of their age.
     """
 
-    def __init__(self, header_timeout_s: float, max_connections: int):
+    def __init__(self, header_timeout_s: float, max_connections: int, send_timeout_s: float = math.inf):
         self.header_timeout_s = header_timeout_s
         self.max_connections = max_connections
+        self.send_timeout_s = send_timeout_s
         self._heads: dict[C, float] = {}  # a head is due: since when
         self._idle: dict[C, float] = {}  # keep-alive, no byte of a next request yet: since when
         self._busy: dict[C, int] = {}  # heads received whose response is not written yet
+        self._stalled: dict[C, float] = {}  # its client reads none of its answers: since when
 
     def __len__(self) -> int:
         return len(self._heads) + len(self._idle) + len(self._busy)
@@ -106,49 +113,62 @@ class ConnectionTable(Generic[C]):
         else:
             self._idle[conn] = now
 
+    def writes_paused(self, conn: C, now: float) -> None:
+        """The transport's buffer is full: its client has not read its answers."""
+        if conn in self and conn not in self._stalled:
+            self._stalled[conn] = now
+
+    def writes_resumed(self, conn: C) -> None:
+        self._stalled.pop(conn, None)
+
     def closed(self, conn: C) -> None:
         self._heads.pop(conn, None)
         self._idle.pop(conn, None)
         self._busy.pop(conn, None)
+        self._stalled.pop(conn, None)
 
     def take_all(self) -> list[C]:
         """Every connection, taken out of the table: close them."""
         every = [*self._heads, *self._idle, *self._busy]
-        self._heads, self._idle, self._busy = {}, {}, {}
+        self._heads, self._idle, self._busy, self._stalled = {}, {}, {}, {}
         return every
 
     def expired(self, now: float) -> list[C]:
-        """The connections whose head is past its deadline, taken out of the table: close them."""
+        """The connections whose head, or whose stalled writes, are past their deadline, taken out
+        of the table: close them."""
         late = []
-        for conn, since in self._heads.items():
-            if since + self.header_timeout_s > now:
-                break
-            late.append(conn)
+        for waiting, timeout_s in ((self._heads, self.header_timeout_s), (self._stalled, self.send_timeout_s)):
+            for conn, since in waiting.items():
+                if since + timeout_s > now:
+                    break
+                late.append(conn)
         for conn in late:
-            del self._heads[conn]
+            self.closed(conn)
         return late
 
     def next_deadline(self) -> float | None:
-        """When the first head falls due; None when no head is due."""
-        for since in self._heads.values():
-            return since + self.header_timeout_s
-        return None
+        """When the first head or stalled write falls due; None when none is due."""
+        head = next(iter(self._heads.values()), None)
+        stalled = next(iter(self._stalled.values()), None)
+        deadlines = [
+            since + timeout_s
+            for since, timeout_s in ((head, self.header_timeout_s), (stalled, self.send_timeout_s))
+            if since is not None
+        ]
+        return min(deadlines, default=None)
 
     def _longest_waiting(self) -> C:
-        """The connection without a request in progress that has waited longest."""
-        head = next(iter(self._heads.items()), None)
-        idle = next(iter(self._idle.items()), None)
-        if head is None or (idle is not None and idle[1] <= head[1]):
-            assert idle is not None, "opened() puts the newcomer among the heads"
-            return idle[0]
-        return head[0]
+        """The connection without a request in progress, or whose client reads nothing, that has
+        waited longest (a newcomer is among the heads)."""
+        firsts = [next(iter(waiting.items()), None) for waiting in (self._idle, self._stalled, self._heads)]
+        return min((first for first in firsts if first is not None), key=lambda first: first[1])[0]
 
 
 class Connections:
     """The gateway's connections on the event loop: one timer for the head deadlines, the cap on accept."""
 
-    def __init__(self, header_timeout_s: float, max_connections: int):
-        self.table: ConnectionTable[GatewayConnection] = ConnectionTable(header_timeout_s, max_connections)
+    def __init__(self, header_timeout_s: float, max_connections: int, send_timeout_s: float = math.inf):
+        self.table: ConnectionTable[GatewayConnection] = ConnectionTable(header_timeout_s, max_connections, send_timeout_s)
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._empty = asyncio.Event()
@@ -160,7 +180,7 @@ class Connections:
     def opened(self, conn: GatewayConnection) -> None:
         self._empty.clear()
         for victim in self.table.opened(conn, self._loop.time()):
-            victim.force_close()
+            victim.drop()
         self._arm()
 
     def head_bytes(self, conn: GatewayConnection) -> None:
@@ -172,6 +192,13 @@ class Connections:
 
     def answered(self, conn: GatewayConnection) -> None:
         self.table.answered(conn, self._loop.time())
+
+    def writes_paused(self, conn: GatewayConnection) -> None:
+        self.table.writes_paused(conn, self._loop.time())
+        self._arm()
+
+    def writes_resumed(self, conn: GatewayConnection) -> None:
+        self.table.writes_resumed(conn)
 
     def closed(self, conn: GatewayConnection) -> None:
         self.table.closed(conn)
@@ -189,7 +216,7 @@ class Connections:
             await asyncio.wait_for(self._empty.wait(), grace_s)
         except TimeoutError:
             for conn in self.table.take_all():
-                conn.force_close()
+                conn.drop()
             self._empty.set()
         if self._timer is not None:
             self._timer.cancel()
@@ -202,7 +229,7 @@ class Connections:
     def _expire(self) -> None:
         self._timer = None
         for conn in self.table.expired(self._loop.time()):
-            conn.force_close()
+            conn.drop()
         if not self.table:
             self._empty.set()
         self._arm()
@@ -242,6 +269,22 @@ class GatewayConnection(web.RequestHandler):
         finally:
             self._count_heads()  # a declined upgrade's buffered tail is parsed in there
             self._connections.answered(self)
+
+    def drop(self) -> None:
+        """Close the connection. One whose client reads nothing is reset: a close waits for the
+        answers it holds to be sent, and so held the connection (and its descriptor) for good."""
+        transport = self.transport
+        if transport is not None and transport.get_write_buffer_size() > 0:
+            transport.abort()
+        self.force_close()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._connections.writes_paused(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._connections.writes_resumed(self)
 
     def _count_heads(self) -> None:
         while self._heads_seen < self._request_count:

@@ -742,7 +742,9 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connecti
     assert runner.server is not None, "runner.setup() makes the server"
     manager = runner.server
     listeners = 2 if server.grpc_port else 1
-    connections = Connections(server.header_timeout_s, connection_cap(server.max_connections, descriptor_limit(), listeners))
+    # A client that reads none of its answers for a request's whole time is closed (nginx's send_timeout).
+    cap = connection_cap(server.max_connections, descriptor_limit(), listeners)
+    connections = Connections(server.header_timeout_s, cap, server.request_timeout_ms / 1000)
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(
         # The access log (--access-log) is written only where gateway/logs.py enabled it.

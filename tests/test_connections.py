@@ -77,6 +77,23 @@ def test_at_the_cap_the_longest_waiting_connection_without_a_request_is_closed()
     assert "last" not in table
 
 
+def test_a_client_that_reads_nothing_is_closed_after_the_send_timeout_and_first_at_the_cap():
+    table: ConnectionTable[str] = ConnectionTable(header_timeout_s=5, max_connections=3, send_timeout_s=60)
+    for name, now in (("reader", 0.0), ("deaf", 1.0), ("other", 2.0)):
+        table.opened(name, now=now)
+        table.head_done(name)
+    table.writes_paused("reader", now=3.0)
+    table.writes_resumed("reader")  # it read: no deadline
+    table.writes_paused("deaf", now=4.0)
+    assert table.next_deadline() == 64.0
+    # At the cap, the connection whose client reads nothing goes before the newcomer.
+    assert table.opened("new", now=10.0) == ["deaf"]
+    table.head_done("new")
+    table.writes_paused("new", now=20.0)
+    assert table.expired(now=79.9) == [] and table.expired(now=80.0) == ["new"]
+    assert table.next_deadline() is None and set(table._busy) == {"reader", "other"}
+
+
 def test_the_cap_stays_under_the_descriptor_limit():
     assert connection_cap(1000, None) == 1000
     assert connection_cap(1000, 20000) == 1000
@@ -112,6 +129,22 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return False
     except OSError as error:
         return error.errno in (errno.ECONNRESET, errno.EPIPE)
+
+
+def ends_within(sock: socket.socket, seconds: float) -> bool:
+    """Read what the gateway sent until it closes the connection (True) or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    sock.setblocking(True)
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(1 << 16):
+                return True
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+    return False
 
 
 def test_slowloris_under_a_low_descriptor_limit_neither_holds_off_requests_nor_stays(tmp_models):
@@ -218,3 +251,28 @@ def test_a_body_that_stops_half_way_ends_at_the_request_timeout(tmp_models):
         metrics = gateway.metrics()
         assert 'gateway_requests_in_flight{model="mlp"} 0.0' in metrics
         assert 'gateway_requests_received_total{model="mlp"} 4.0' in metrics
+
+
+def test_clients_that_read_none_of_their_answers_lock_no_one_out(tmp_models):
+    """Four clients pipelined 150 requests each and read nothing: with max_connections = 4 they
+    held every connection for good (busy, never idle), and each new client was closed unanswered."""
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 1000}})
+    config.write_text(config.read_text() + "\n[server]\nmax_connections = 4\nrequest_timeout_ms = 3000\n")
+    with run_gateway(config) as gateway:
+        deaf = []
+        try:
+            for _ in range(4):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+                sock.connect(("127.0.0.1", gateway.port))
+                sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 150)
+                deaf.append(sock)
+            time.sleep(1.0)  # their answers fill the buffers
+            answer = requests.get(f"{gateway.base}/v2/health/live", timeout=5)
+            assert answer.status_code == 200
+            # Past the send timeout (the request timeout), each has been closed: read now, each ends.
+            time.sleep(3.0 + 2.0)
+            assert all(ends_within(sock, 5.0) for sock in deaf)
+        finally:
+            for sock in deaf:
+                sock.close()
