@@ -285,3 +285,9 @@ async def stand_in(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+def flag_values(argv: Sequence[str], flag: str) -> list[str]:
+    """The values ``flag`` is given in a command line, written ``--flag value`` or ``--flag=value``."""
+    values = [arg.removeprefix(f"{flag}=") for arg in argv if arg.startswith(f"{flag}=")]
+    return values + [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
