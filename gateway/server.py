@@ -27,7 +27,7 @@ from gateway.content_coding import BadCoding, BodyTooLarge, UnsupportedCoding, c
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
 from gateway.logs import ACCESS_LOG, REQUEST_ID_KEY, AccessLog
 from gateway.metrics import GatewayMetrics, triton_exposition
-from gateway.observe import REQUEST_ID_HEADER, observe, record_of
+from gateway.observe import REQUEST_ID_HEADER, new_request_id, observe, record_of
 from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
@@ -154,6 +154,17 @@ class BodyTimedOut(InvalidRequest):
         super().__init__(f"the request body did not arrive within {timeout_s * 1000:g} ms (server.request_timeout_ms)", 408)
 
 
+def _check_transfer_coding(transfer_encoding: str | None) -> None:
+    """Only the chunked transfer coding is served: aiohttp's parser took ``gzip, chunked`` as
+    chunked and handed the gzip bytes on as the body. RFC 9112 6.1: a transfer coding the server
+    does not understand is answered 501."""
+    if transfer_encoding is None:
+        return
+    others = [c.strip() for c in transfer_encoding.lower().split(",") if c.strip() != "chunked"]
+    if others:
+        raise InvalidRequest(f"Transfer-Encoding {', '.join(others)!r} is not served: only chunked is", status=501)
+
+
 async def _read_body(request: web.Request, timeout_s: float, inflating: Executor, started: float | None = None) -> list[bytes]:
     """The request body, in pieces of at most ``BODY_CHUNK_BYTES``; ``joined`` makes them one.
     All of it must arrive within ``timeout_s`` of ``started`` (a ``perf_counter`` time; now by
@@ -167,6 +178,7 @@ async def _read_body(request: web.Request, timeout_s: float, inflating: Executor
     (gateway/content_coding.py).
     """
     limit = request.client_max_size
+    _check_transfer_coding(request.headers.get(hdrs.TRANSFER_ENCODING))
     content_encoding = request.headers.get(hdrs.CONTENT_ENCODING)
     try:
         codings = codings_of(content_encoding) if content_encoding else []
@@ -253,6 +265,11 @@ class JsonErrorConnection(GatewayConnection):
                 raise ConnectionError("a response is under way: no error response can follow it")
             text = f"the HTTP request is malformed: {message}" if message else HTTPStatus(status).phrase
         response = error_response(status, text)
+        # Every answer carries its request's id: the middleware that names a request never ran
+        # for one the parser refused (aiohttp answers it before the middlewares), so it is named here.
+        if REQUEST_ID_KEY not in request:
+            request[REQUEST_ID_KEY] = new_request_id()
+        response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]
         response.force_close()
         return response
 

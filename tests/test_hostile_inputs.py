@@ -4,6 +4,7 @@ answer, and none holding the event loop while it is refused or decoded."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import statistics
@@ -320,7 +321,24 @@ def test_http_parser_errors_are_json(gateway, name):
     assert status == 400, body
     assert headers["content-type"].startswith("application/json"), (headers, body)
     assert json.loads(body)["error"].startswith("the HTTP request is malformed: ")
+    assert re.fullmatch("[0-9a-f]{32}", headers.get("x-request-id", "")), headers  # as every answer does
     assert requests.get(f"{gateway.base}/v2/health/live", timeout=10).status_code == 200
+
+
+def test_a_transfer_coding_other_than_chunked_is_a_501(gateway):
+    """``Transfer-Encoding: gzip, chunked`` was taken as chunked: its gzip bytes were read as the
+    body (a 400 "not valid JSON"), and a plain body so labelled was served."""
+    body = json.dumps(GOOD).encode()
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    status, _, answer = raw_http(
+        gateway,
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n"
+        + chunked,
+    )
+    assert status == 501 and "'gzip' is not served" in json.loads(answer)["error"], answer
+    assert infer(gateway, GOOD).status_code == 200
 
 
 def test_a_body_that_does_not_decompress_is_a_400(gateway):
