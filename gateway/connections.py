@@ -3,7 +3,7 @@
 aiohttp waits for a request line and headers as long as the client takes (its only bound is the
 keep-alive timeout, an hour by default) and accepts connections until the process runs out of
 descriptors, so a few hundred clients dribbling their headers (slowloris) hold every new client
-off. Two rules bound that:
+off. Three rules bound that:
 
 - The head deadline of Go's net/http (``Server.ReadHeaderTimeout``): the request line and headers
   must be complete within ``header_timeout_s`` of the connection's accept, or, on a keep-alive
@@ -13,12 +13,12 @@ off. Two rules bound that:
   reusable connections (idle keep-alive ones, and new ones that have not sent a full head), oldest
   first (``ngx_drain_connections``). Here the connection that has waited longest without a
   request in progress is closed, the newcomer itself when every other one is serving a request.
+  The cap is kept below the descriptor limit (``connection_cap``): ``accept`` failing with EMFILE
+  is what turns held connections into refused requests.
 - A deadline on writes, as nginx's ``send_timeout``: a connection whose client reads nothing of
   its answers (the transport's buffer full, writing paused) for ``send_timeout_s`` is closed, and
   at the cap such a connection is closed before a newcomer. Four clients that pipelined requests
   and never read their answers held their connections for good and locked every other client out.
-  The cap is kept below the descriptor limit (``connection_cap``): ``accept`` failing with EMFILE
-  is what turns held connections into refused requests.
 
 ``ConnectionTable`` is those rules alone: events and a clock in, connections to close out.
 ``Connections`` drives it on the event loop, and ``GatewayConnection`` is aiohttp's
@@ -165,7 +165,7 @@ class ConnectionTable(Generic[C]):
 
 
 class Connections:
-    """The gateway's connections on the event loop: one timer for the head deadlines, the cap on accept."""
+    """The gateway's connections on the event loop: one timer for the deadlines, the cap on accept."""
 
     def __init__(self, header_timeout_s: float, max_connections: int, send_timeout_s: float = math.inf):
         self.table: ConnectionTable[GatewayConnection] = ConnectionTable(header_timeout_s, max_connections, send_timeout_s)
@@ -223,8 +223,14 @@ class Connections:
             self._timer = None
 
     def _arm(self) -> None:
-        if self._timer is None and (deadline := self.table.next_deadline()) is not None:
-            self._timer = self._loop.call_at(deadline, self._expire)
+        """The timer at the first deadline. A head's deadline can come before a stalled write's
+        armed earlier (5 s against a request's 60 s): the timer moves to the sooner one."""
+        deadline = self.table.next_deadline()
+        if deadline is None or (self._timer is not None and self._timer.when() <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
         self._timer = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 import requests
 
-from gateway.connections import ConnectionTable, connection_cap
+from gateway.connections import Connections, ConnectionTable, connection_cap
 from tests.helpers import free_port, run_gateway, write_config
 
 # -- the rules, on a fake clock -------------------------------------------------------------------
@@ -92,6 +93,30 @@ def test_a_client_that_reads_nothing_is_closed_after_the_send_timeout_and_first_
     table.writes_paused("new", now=20.0)
     assert table.expired(now=79.9) == [] and table.expired(now=80.0) == ["new"]
     assert table.next_deadline() is None and set(table._busy) == {"reader", "other"}
+
+
+class Dropped:
+    """A connection that notes when the gateway drops it."""
+
+    def __init__(self) -> None:
+        self.dropped = False
+
+    def drop(self) -> None:
+        self.dropped = True
+
+
+async def test_a_head_due_before_a_stalled_writes_deadline_is_still_closed_on_time():
+    """The one timer was armed for the first deadline and moved only when it fired: a head due in
+    0.2 s waited behind a stalled write's deadline of 5 s (slowloris held a connection that long)."""
+    connections = Connections(header_timeout_s=0.2, max_connections=10, send_timeout_s=5.0)
+    deaf, slow = Dropped(), Dropped()
+    connections.opened(deaf)
+    connections.head_done(deaf)
+    connections.writes_paused(deaf)
+    await asyncio.sleep(0.3)  # the timer set for deaf's head has fired: it is at the stalled write's 5 s
+    connections.opened(slow)  # its head due in 0.2 s
+    await asyncio.sleep(0.5)
+    assert slow.dropped and not deaf.dropped
 
 
 def test_the_cap_stays_under_the_descriptor_limit():
