@@ -625,7 +625,7 @@ class Engine:
             runtime.signature = _servable(model.name, executor.signatures[model.name])
             await self._profile_model(runtime)
             if self.stopping:  # its profiling failed quietly when stop() stopped its executor
-                raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503)
+                raise ExecutorStartError(f"executor {executor.id} was stopped while it was profiled")
         except BaseException as error:
             self.control.give_back(aside)
             await executor.stop()

@@ -455,16 +455,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 # What is not served (gateway/routes.py's NOT_SERVED): UNIMPLEMENTED with the reason, where the
 # servicer's default answered "Method not implemented!" and left a traceback in the log for each call.
-def _not_served(what: str, instead: str) -> Any:
+def _not_served(reason: str) -> Any:
     async def refuse(self: InferenceService, request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not served by this gateway: {instead}")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, reason)
 
     return refuse
 
 
-for _what, _instead, _, _methods in NOT_SERVED:
-    for _method in _methods:
-        setattr(InferenceService, _method, _not_served(_what, _instead))
+for _extension in NOT_SERVED:
+    for _method in _extension.grpc_methods:
+        setattr(InferenceService, _method, _not_served(_extension.reason))
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):

@@ -250,33 +250,44 @@ ROUTES: tuple[Route, ...] = (
 # its HTTP routes and the names of its gRPC methods. Both protocols refuse them with the reason
 # (HTTP 501, gRPC UNIMPLEMENTED), where HTTP answered a bare 404 "Not Found" and perf_analyzer
 # printed only "Unable to init infer data manager: Not Found".
+@dataclass(frozen=True)
+class NotServed:
+    what: str
+    instead: str
+    http_paths: str  # a regular expression of the paths
+    grpc_methods: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        return f"{self.what} is not served by this gateway: {self.instead}"
+
+
 IN_THE_REQUEST = "tensors travel in the request"
-NOT_SERVED: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    (
+NOT_SERVED = (
+    NotServed(
         "CUDA shared memory",
         IN_THE_REQUEST,
         r"/v2/cudasharedmemory(/.*)?",
         ("CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"),
     ),
-    (
+    NotServed(
         "system shared memory",
         IN_THE_REQUEST,
         r"/v2/systemsharedmemory(/.*)?",
         ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"),
     ),
-    (
+    NotServed(
         "Triton's trace settings",
         "traces go to OpenTelemetry ([tracing] in the config)",
         r"/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting",
         ("TraceSetting",),
     ),
-    ("Triton's log settings", "logs are set by gateway serve's --log-format and --access-log", r"/v2/logging", ("LogSettings",)),
+    NotServed(
+        "Triton's log settings", "logs are set by gateway serve's --log-format and --access-log", r"/v2/logging", ("LogSettings",)
+    ),
 )
 
 
 def not_served_reason(path: str) -> str | None:
     """Why a path of Triton's HTTP API that this gateway has no route for is not served, or None."""
-    for what, instead, pattern, _ in NOT_SERVED:
-        if re.fullmatch(pattern, path):
-            return f"{what} is not served by this gateway: {instead}"
-    return None
+    return next((entry.reason for entry in NOT_SERVED if re.fullmatch(entry.http_paths, path)), None)

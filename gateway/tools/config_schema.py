@@ -10,20 +10,18 @@ import argparse
 import json
 
 from gateway.config import json_schema
+from gateway.tools.arguments import output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", help="write it to this file instead of standard output")
+    parser.add_argument("--output", type=output_file, help="write it to this file instead of standard output")
 
 
 def run(args: argparse.Namespace) -> int:
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
-        try:
-            with open(args.output, "w") as handle:
-                handle.write(text)
-        except OSError as error:
-            raise SystemExit(f"gateway config-schema: cannot write {args.output}: {error.strerror or error}") from None
+        with open(args.output, "w") as handle:
+            handle.write(text)
     else:
         print(text, end="")
     return 0
