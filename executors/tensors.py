@@ -110,6 +110,11 @@ def decode_bytes_elements(buffer: bytes | memoryview, count: int) -> np.ndarray:
     return array
 
 
+def holds_datatype(array: np.ndarray, datatype: str) -> bool:
+    """Whether ``array`` holds ``datatype``'s numpy type as it is (BYTES: strings of any kind)."""
+    return array.dtype == KSERVE_TO_NUMPY[datatype] or (datatype == "BYTES" and array.dtype.kind in "OSU")
+
+
 def first_non_text(array: np.ndarray) -> int | None:
     """The flat index of the first element of a BYTES tensor that is bytes but not UTF-8 text, or None.
 

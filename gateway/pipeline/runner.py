@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from executors.tensors import KSERVE_TO_NUMPY
+from executors.tensors import KSERVE_TO_NUMPY, holds_datatype
 from gateway.config.schema import PIPELINE_INPUT, PipelineStep, PipelineTable
 from gateway.pipeline.functions import StepFunction, load_function
 from gateway.pipeline.graph import PipelineGraph
@@ -284,9 +284,9 @@ def _as_datatype(array: Any, datatype: str, where: str) -> np.ndarray:
     (numpy's default), anything else that differs is the pipeline's mistake."""
     if not isinstance(array, np.ndarray):
         raise StepFailed(f"{where}: not an array ({type(array).__name__})", 500, "internal_error")
-    wanted = KSERVE_TO_NUMPY[datatype]
-    if array.dtype == wanted or (datatype == "BYTES" and array.dtype.kind in "OSU"):
+    if holds_datatype(array, datatype):
         return array
+    wanted = KSERVE_TO_NUMPY[datatype]
     if array.dtype.kind == wanted.kind == "f" or (array.dtype.kind in "iu" and wanted.kind in "iu"):
         return array.astype(wanted)
     raise StepFailed(f"{where}: {array.dtype} where {datatype} is declared", 500, "internal_error")

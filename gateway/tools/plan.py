@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from executors.tensors import KSERVE_TO_NUMPY
+from executors.tensors import KSERVE_TO_NUMPY, holds_datatype
 from gateway.config import GatewayConfig
 from gateway.pipeline.graph import PipelineGraph
 from gateway.tools.arguments import existing_file, positive_float
@@ -179,8 +179,7 @@ def sample_problem(inputs: dict[str, np.ndarray], graph: PipelineGraph) -> str |
         )
     for name, array in inputs.items():
         spec = declared[name]
-        wanted = KSERVE_TO_NUMPY[spec.datatype]
-        if not (array.dtype == wanted or (spec.datatype == "BYTES" and array.dtype.kind in "OSU")):
+        if not holds_datatype(array, spec.datatype):
             return f"'{name}' is {array.dtype}, the pipeline declares {spec.datatype}"
         fits = len(array.shape) == len(spec.shape) and all(d in (-1, n) for d, n in zip(spec.shape, array.shape, strict=True))
         if not fits:
