@@ -122,16 +122,19 @@ cpu = {{ cores = 0.2, min_cores = 0.1, max_cores = 1.5, threads = 1 }}
     quiet_least = min(h["cores"] for h in low)
     assert mean([h["cores"] for h in high[-5:]]) > 1.5 * quiet_least, [round(h["cores"], 2) for h in low + high]
     # ... and from the 12th period of the step on, the response time is back under the SLA in
-    # most windows (ROMA's violations are windows over the SLA), and the typical window is within
-    # the set point (0.8 SLA) that the PI tracks. At 88% utilisation (the set point of this
-    # model) Poisson arrivals push a few one-second windows over, and ROMA's PI, giving cores back
-    # K a period, saws: a run of the VM (2026-11-26) had settled windows of 18-242 ms, median 38.
-    # Their mean, asserted before, was 65-94 ms in eight runs and 112 in a ninth: a bad stretch of
-    # the sawtooth, not a controller that lost the load.
+    # most windows (ROMA's violations are windows over the SLA), and the typical window too. At
+    # 88% utilisation (the set point of this model) Poisson arrivals push a few one-second windows
+    # over, and ROMA's PI, giving cores back K a period, saws: a run of the VM (2026-11-26) had
+    # settled windows of 18-242 ms, median 38. Their mean, asserted before, was 65-94 ms in eight
+    # runs and 112 in a ninth: a bad stretch of the sawtooth, not a controller that lost the load.
+    # Nor is their median against the set point (0.8 SLA) a bound: a PI whose cores settle near
+    # the load's need tracks the set point, so that about half its windows lie above it (a full
+    # run of the VM, 2026-11-27: median 89 ms).
     settled = high[12:]
     windows = [h["mean_rt_ms"] for h in settled if h["requests"]]
-    assert statistics.median(windows) <= 0.8 * SLA_MS, [round(ms) for ms in windows]
-    assert sum(h["violation"] for h in settled) <= len(settled) / 3, [round(ms) for ms in windows]
+    seen = [(round(h["mean_rt_ms"] or 0), round(h["cores"], 2)) for h in settled]
+    assert statistics.median(windows) <= SLA_MS, seen
+    assert sum(h["violation"] for h in settled) <= len(settled) / 3, seen
     # The step's work shows in the CPU time used.
     assert sum(h["cpu_s"] for h in high) > 2 * sum(h["cpu_s"] for h in low) * len(high) / len(low)
     # When the load drops, the cores come back down: in at least two periods of the drop they
