@@ -111,8 +111,11 @@ def decode_bytes_elements(buffer: bytes | memoryview, count: int) -> np.ndarray:
 
 
 def holds_datatype(array: np.ndarray, datatype: str) -> bool:
-    """Whether ``array`` holds ``datatype``'s numpy type as it is (BYTES: strings of any kind)."""
-    return array.dtype == KSERVE_TO_NUMPY[datatype] or (datatype == "BYTES" and array.dtype.kind in "OSU")
+    """Whether ``array`` holds ``datatype``'s numpy type as it is (BYTES: strings of any kind; an
+    array of objects only where each one is a str or bytes: a None was written as "None")."""
+    if array.dtype == KSERVE_TO_NUMPY[datatype]:
+        return datatype != "BYTES" or all(isinstance(item, (str, bytes)) for item in array.flat)
+    return datatype == "BYTES" and array.dtype.kind in "SU"
 
 
 def first_non_text(array: np.ndarray) -> int | None:

@@ -374,6 +374,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Refused as refused:
             record.status, record.rpc_code = refused.status, refused.code.value[0]
             raise
+        except Exception:
+            # Answered as HTTP's middleware answers what it did not expect: INTERNAL, the cause in
+            # the log. Raised on, it was grpc's UNKNOWN with the exception's text, and a stream's
+            # request was never answered (its slot among the stream's in flight never freed).
+            log.exception("unexpected error serving %s over gRPC", request.model_name)
+            refused = Refused(500, "internal error; see the gateway's log", fallback=grpc.StatusCode.INTERNAL)
+            record.status, record.rpc_code = refused.status, refused.code.value[0]
+            raise refused from None
         finally:
             report(record, self.tracer, metadata)
 
@@ -402,7 +410,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise Refused(error.status, str(error)) from None
             record.entered_queue()
             try:
-                result, datatypes = await engine.answer(runtime, parsed, arrival)
+                served, datatypes = await engine.answer(runtime, parsed, arrival)
             except InvalidRequest as error:  # what only the model's settings refuse (its priority levels)
                 outcome = "invalid"
                 raise Refused(error.status, str(error)) from None
@@ -410,9 +418,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 outcome = error.outcome
                 record.failed(str(error), error.dispatched)
                 raise Refused(error.status, str(error), fallback=grpc.StatusCode.INTERNAL) from None
-            record.served(result)
-            outcome = "success"
-            return self._response(runtime, parsed, result, datatypes)
+            record.served(served)
+            # Built before the request counts as served: an output that cannot be encoded fails it.
+            response = self._response(runtime, parsed, served, datatypes)
+            outcome, result = "success", served
+            return response
         except asyncio.CancelledError:
             # grpc.aio cancels the call's task when its client cancels or its deadline passes;
             # context.cancelled() is not yet true then.

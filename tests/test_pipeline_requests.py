@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
 
-from tests.helpers import run_gateway
+from tests.helpers import free_port, run_gateway
 
 REQUEST_TIMEOUT_MS = 1500
 
@@ -42,6 +46,10 @@ def quit_(arrays):
 
 def scalar(arrays):
     return {"x": np.array(1.0, np.float32)}
+
+
+def with_none(arrays):
+    return {"x": arrays["x"], "note": np.array([None], dtype=object)}
 """
 
 CONFIG = f"""
@@ -78,7 +86,7 @@ inputs = {{ x = "pause/x" }}
 """
 
 
-def _function_then_mlp(name: str, function: str) -> str:
+def _function_then_mlp(name: str, function: str, outputs: list[str] | None = None) -> str:
     """A pipeline NAME: the function steps.py:FUNCTION on the request's x, then the MLP."""
     return f"""
 [pipelines.{name}]
@@ -90,7 +98,7 @@ outputs = [{{ name = "y", datatype = "FP32", shape = [-1, 512], source = "model/
 name = "first"
 function = "steps.py:{function}"
 inputs = {{ x = "request/x" }}
-outputs = ["x"]
+outputs = {json.dumps(outputs or ["x"])}
 
 [[pipelines.{name}.steps]]
 name = "model"
@@ -101,6 +109,8 @@ inputs = {{ x = "first/x" }}
 
 FUNCTION_PIPELINES = {"quick": "same", "quits": "quit_", "scalar": "scalar"}
 CONFIG += "".join(_function_then_mlp(name, function) for name, function in FUNCTION_PIPELINES.items())
+# Its function's second output is sent only where the request asks for pipeline_steps.
+CONFIG += _function_then_mlp("noted", "with_none", outputs=["x", "note"])
 
 
 @pytest.fixture
@@ -108,7 +118,9 @@ def pipeline(tmp_path, example_models):
     shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
     (tmp_path / "steps.py").write_text(FUNCTIONS)
     (tmp_path / "config.toml").write_text(CONFIG)
-    with run_gateway(tmp_path / "config.toml") as gateway:
+    grpc_port = free_port()
+    with run_gateway(tmp_path / "config.toml", args=["--grpc-port", str(grpc_port)]) as gateway:
+        gateway.grpc_url = f"127.0.0.1:{grpc_port}"
         yield gateway
 
 
@@ -246,6 +258,35 @@ def test_a_scalar_fed_to_a_model_step_is_a_500_naming_the_step(pipeline):
     assert response.status_code == 500, response.text
     expected = "pipeline 'scalar', step 'model' (model 'mlp'): the model's input 'x' is fed a scalar, with no rows"
     assert response.json()["error"] == expected
+    assert "Traceback" not in pipeline.output()
+
+
+def test_a_step_tensor_of_no_datatype_fails_its_request_over_both_protocols(pipeline):
+    """A function step's tensor sent by pipeline_steps that holds a None: over HTTP it was sent as
+    the text "None" (200); over gRPC its encoding failed after the request was counted a success
+    (UNKNOWN to the client), and a streamed one was never answered."""
+    expected = "pipeline 'noted', step output 'first/note': an element of type NoneType where BYTES (str or bytes) is declared"
+    response = requests.post(f"{pipeline.base}/v2/models/noted/infer", json=_rows(1, pipeline_steps=True), timeout=30)
+    assert response.status_code == 500, response.text
+    assert response.json()["error"] == expected
+    assert requests.post(f"{pipeline.base}/v2/models/noted/infer", json=_rows(1), timeout=30).status_code == 200
+
+    rows = triton_grpc.InferInput("x", [1, 512], "FP32")
+    rows.set_data_from_numpy(np.full((1, 512), 0.5, np.float32))
+    with triton_grpc.InferenceServerClient(pipeline.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("noted", [rows], parameters={"pipeline_steps": True})
+        assert refused.value.status() == "StatusCode.INTERNAL" and expected in refused.value.message()
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("noted", [rows], request_id="bad", parameters={"pipeline_steps": True})
+        client.async_stream_infer("noted", [rows], request_id="good")
+        got = sorted((answers.get(timeout=30), answers.get(timeout=30)), key=lambda answer: answer[1] is None)
+        client.stop_stream()
+    assert got[0][1] is not None and expected in got[0][1].message()
+    assert got[1][1] is None and got[1][0].get_response().id == "good"
+    assert _outcomes(pipeline, "noted") == {"success": 2, "fail": 3}
+    assert _metric(pipeline, "noted", "internal_error") == 3 and _metric(pipeline, "noted", "success") == 2
     assert "Traceback" not in pipeline.output()
 
 

@@ -141,7 +141,7 @@ class PipelineRuntime:
             binary = request.parameters.get("binary_data_output") is True
             for key, array in tensors.items():
                 if not key.startswith(f"{PIPELINE_INPUT}/"):
-                    outputs[key] = array
+                    outputs[key] = _sendable(array, f"pipeline '{self.name}', step output '{key}'")
                     request.outputs.append(RequestedOutput(key, binary))
         took_ms = (engine.now - arrival) * 1000
         timing = BatchTiming(1, 0, round(took_ms * 1e6), 0)
@@ -279,6 +279,18 @@ class _Deadline:
         return StepFailed(f"{where}: the pipeline's request timed out after {self.limit_s * 1000:g} ms", 504, "timeout")
 
 
+def _sendable(array: np.ndarray, where: str) -> np.ndarray:
+    """A step's own tensor, sent as the datatype its numpy type names (``datatypes_of``): an
+    array that is no KServe datatype (complex numbers; objects that are not text) is the step's
+    mistake, as a declared output of the wrong type is. It was sent as BYTES: a None as "None"
+    over HTTP, and over gRPC a request that failed after it was served."""
+    if array.dtype.kind in "OSU":
+        return _as_datatype(array, "BYTES", where)
+    if array.dtype in NUMPY_TO_KSERVE:
+        return array
+    raise StepFailed(f"{where}: {array.dtype} is no KServe datatype", 500, "internal_error")
+
+
 def _as_datatype(array: Any, datatype: str, where: str) -> np.ndarray:
     """The array in the datatype declared for it; a float64 where FP32 is declared is converted
     (numpy's default), anything else that differs is the pipeline's mistake."""
@@ -289,4 +301,9 @@ def _as_datatype(array: Any, datatype: str, where: str) -> np.ndarray:
     wanted = KSERVE_TO_NUMPY[datatype]
     if array.dtype.kind == wanted.kind == "f" or (array.dtype.kind in "iu" and wanted.kind in "iu"):
         return array.astype(wanted)
+    if datatype == "BYTES" and array.dtype.kind == "O":
+        odd = next(item for item in array.flat if not isinstance(item, (str, bytes)))
+        raise StepFailed(
+            f"{where}: an element of type {type(odd).__name__} where BYTES (str or bytes) is declared", 500, "internal_error"
+        )
     raise StepFailed(f"{where}: {array.dtype} where {datatype} is declared", 500, "internal_error")
