@@ -760,6 +760,10 @@ class Engine:
             self._idle.clear()
             try:
                 result = await runtime.run(self, request, arrival)
+                # An execution of the pipeline, as Triton's ensemble scheduler counts each request
+                # that succeeded (execution_count, last_inference, batch_stats).
+                assert result.timing is not None
+                runtime.statistics.executed(result.timing, round((self.now + self._epoch_offset_s) * 1000))
             except StepFailed as error:
                 raise RequestFailed(str(error), error.status, error.outcome) from None
             finally:

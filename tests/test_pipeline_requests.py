@@ -233,9 +233,14 @@ def test_a_pipeline_has_tritons_series_as_its_statistics_do(pipeline):
         assert _infer(pipeline, 0.0)[0].status_code == 200
     stat = requests.get(f"{pipeline.base}/v2/models/waits/stats", timeout=10).json()["model_stats"][0]
     assert (stat["name"], stat["version"], stat["inference_stats"]["success"]["count"]) == ("waits", "1", 2)
+    # Each request that succeeded is an execution of the pipeline, as Triton's ensembles count
+    # them: execution_count, last_inference and batch_stats stayed 0 and empty.
+    assert stat["execution_count"] == 2 and abs(stat["last_inference"] / 1000 - time.time()) < 60, stat
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stat["batch_stats"]] == [(1, 2)]
     lines = pipeline.metrics().splitlines()
     assert 'nv_inference_request_success{model="waits",version="1"} 2' in lines
     assert f'nv_inference_count{{model="waits",version="1"}} {stat["inference_count"]}' in lines
+    assert 'nv_inference_exec_count{model="waits",version="1"} 2' in lines
 
 
 def _rows(rows: int, **parameters) -> dict:
