@@ -297,13 +297,18 @@ def test_a_step_tensor_of_no_datatype_fails_its_request_over_both_protocols(pipe
 
 def test_a_refused_chunk_withdraws_its_requests_other_chunks(pipeline):
     """40 chunks of 8 rows on a queue of 16: the chunks past it are refused at once (429), and the
-    ones queued were then all served for a request that had already failed."""
+    ones queued were then all served for a request that had already failed. Those taken back are
+    counted withdrawn on the model, not client_gone (its client stayed for the 429)."""
     before = _metric(pipeline, "mlp", "success")
     response = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(8 * 40), timeout=30)
     assert response.status_code == 429, response.text
     time.sleep(1.0)  # what was left queued would have been served by now
-    assert _metric(pipeline, "mlp", "success") - before <= 2  # at most what was already running
-    assert _metric(pipeline, "mlp", "queue_full") >= 1
+    served = _metric(pipeline, "mlp", "success") - before
+    assert served <= 2  # at most what was already running
+    refused, withdrawn = _metric(pipeline, "mlp", "queue_full"), _metric(pipeline, "mlp", "withdrawn")
+    assert refused >= 1 and withdrawn >= 1 and _metric(pipeline, "mlp", "client_gone") == 0
+    assert served + refused + withdrawn == 40, (served, refused, withdrawn)
+    assert requests.get(f"{pipeline.base}/admin/models/mlp", timeout=10).json()["stats"]["outcomes"]["withdrawn"] == withdrawn
 
 
 def test_a_pipelines_priority_is_its_steps_and_checked(pipeline):

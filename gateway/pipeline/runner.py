@@ -39,6 +39,9 @@ NUMPY_TO_KSERVE = {dtype: name for name, dtype in KSERVE_TO_NUMPY.items()}
 # Threads of each pipeline's function steps: as many of its requests' functions run at once.
 FUNCTION_THREADS = 8
 T = TypeVar("T")
+# The outcome of a step model's request taken back because another chunk or step of its pipeline
+# request failed (it is also the message of that cancellation, which tells it from a client that left).
+WITHDRAWN = "withdrawn"
 
 
 @dataclass(frozen=True)
@@ -225,8 +228,9 @@ class PipelineRuntime:
                 if error.outcome == "timeout":
                     raise deadline.passed(where) from None
                 raise StepFailed(f"{where}: {error}", error.status, error.outcome) from None
-            except asyncio.CancelledError:  # the pipeline's client left
-                outcome = "client_gone"
+            except asyncio.CancelledError as cancelled:
+                # Withdrawn where another chunk or step of the request failed; else its client left.
+                outcome = WITHDRAWN if cancelled.args == (WITHDRAWN,) else "client_gone"
                 raise
             finally:
                 engine.record(runtime, outcome, arrival, result)
@@ -237,15 +241,17 @@ class PipelineRuntime:
 
 async def _all_or_none(steps: list[Coroutine[Any, Any, T]]) -> list[T]:
     """Every one's result, in order; at the first that fails, the others are cancelled (their
-    requests leave their models' queues) before its error is raised. With ``gather`` a request
-    refused at once (429) left its other chunks and steps queued, and they were served."""
+    requests leave their models' queues, counted ``withdrawn``) before its error is raised. With
+    ``gather`` a request refused at once (429) left its other chunks and steps queued, and they
+    were served. Where this is cancelled itself (the client left), the cancellation's own message
+    reaches them first (``gather`` passes it on): they are gone with their client."""
     tasks = [asyncio.ensure_future(step) for step in steps]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
         pending = [task for task in tasks if not task.done()]
         for task in pending:
-            task.cancel()
+            task.cancel(WITHDRAWN)
         await asyncio.gather(*pending, return_exceptions=True)
 
 
