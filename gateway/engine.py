@@ -590,6 +590,14 @@ class Engine:
         runtime = self.resolve(name, version)
         return runtime if runtime is not None or version not in (None, "1") else self.pipelines.get(name)
 
+    def listed(self, key: str) -> ModelRuntime | None:
+        """The model that GET /admin/models lists under ``key``, a version's own ``NAME.vN``
+        among them (the admin API's one way to each version), or None: unknown, or being
+        loaded or unloaded."""
+        runtime = self.models.get(key)
+        changing = key in self.unloading or key in self._changing_version_keys
+        return runtime if runtime is not None and not changing else None
+
     def resolve(self, name: str, version: str | None) -> ModelRuntime | None:
         """The runtime that serves ``name`` at ``version`` (None: the default), or None."""
         versions = self.versions.get(name)

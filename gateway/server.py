@@ -307,9 +307,11 @@ class Handlers:
         return runtime
 
     def _model(self, request: web.Request) -> ModelRuntime:
-        """The model the admin path names: a pipeline has no SLA, cores or batches of its own to
-        set (its steps' models have them), so it is no model here."""
-        runtime = self._runtime(request)
+        """The model the admin path names: by a name GET /admin/models lists (a version's own
+        ``NAME.vN`` too: each version has its SLA, cores and executors), else as clients name it
+        (a repository model's name: its highest version). A pipeline has no SLA, cores or
+        batches of its own to set (its steps' models have them), so it is no model here."""
+        runtime = self.engine.listed(request.match_info["model"]) or self._runtime(request)
         pipeline = self.engine.pipelines.get(runtime.name)
         if pipeline is not None:
             steps = ", ".join(sorted({s.model for s in pipeline.graph.table.steps if s.model is not None}))

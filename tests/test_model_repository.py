@@ -219,7 +219,20 @@ def test_versions_are_served_side_by_side_the_latest_by_default(repository):
     assert 'nv_inference_count{model="duo",version="2"} 2' in lines
     assert 'nv_inference_count{model="duo",version="1"} 2' in lines
     assert client.get_model_config("duo", "1")["name"] == "duo"
+    # The admin API reaches each version by the name its list gives (they were listed, then 404):
+    # version 1's SLA is set there and version 2's is not; the plain name is the latest version.
+    listed = [m["name"] for m in requests.get(f"{repository.base}/admin/models", headers=ADMIN, timeout=10).json()["models"]]
+    assert {"duo.v1", "duo.v2"} <= set(listed)
+    for key in ("duo.v1", "duo.v2"):
+        assert requests.get(f"{repository.base}/admin/models/{key}", headers=ADMIN, timeout=10).json()["name"] == key
+    sla = requests.put(f"{repository.base}/admin/models/duo.v1/sla", json={"sla_ms": 321}, headers=ADMIN, timeout=10)
+    assert sla.status_code == 200, sla.text
+    admin = {
+        key: requests.get(f"{repository.base}/admin/models/{key}", headers=ADMIN, timeout=10).json() for key in ("duo.v1", "duo")
+    }
+    assert admin["duo.v1"]["sla_ms"] == 321 and admin["duo"]["name"] == "duo.v2" and admin["duo"]["sla_ms"] != 321
     client.unload_model("duo", headers=ADMIN)
+    assert requests.get(f"{repository.base}/admin/models/duo.v1", headers=ADMIN, timeout=10).status_code == 404
     assert requests.post(f"{repository.base}/v2/models/duo/infer", json=MLP_BODY, timeout=10).status_code == 404
     assert requests.post(f"{repository.base}/v2/models/duo/versions/1/infer", json=MLP_BODY, timeout=10).status_code == 404
 
