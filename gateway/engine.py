@@ -543,6 +543,8 @@ class Engine:
         await self._unload_model(name, timeout_s)
 
     async def _load_versions(self, name: str, models: dict[str, ModelConfig]) -> None:
+        if name in self.pipelines:  # its versions would be served under the pipeline's name
+            raise InvalidRequest(f"'{name}' is a pipeline of the config")
         own = set(self.versions.get(name, {}).values())
         taken = sorted(m.name for m in models.values() if m.name in self.models and m.name not in own)
         if taken:

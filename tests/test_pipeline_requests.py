@@ -55,6 +55,7 @@ def with_none(arrays):
 CONFIG = f"""
 [server]
 request_timeout_ms = {REQUEST_TIMEOUT_MS}
+model_dir = "."
 
 [control]
 policy = "fixed"
@@ -293,6 +294,19 @@ def test_a_step_tensor_of_no_datatype_fails_its_request_over_both_protocols(pipe
     assert _outcomes(pipeline, "noted") == {"success": 2, "fail": 3}
     assert _metric(pipeline, "noted", "internal_error") == 3 and _metric(pipeline, "noted", "success") == 2
     assert "Traceback" not in pipeline.output()
+
+
+def test_a_repository_model_of_a_pipelines_name_is_refused_in_either_layout(pipeline):
+    """Versions under model_dir/NAME/ of a pipeline's NAME were loaded and served in its place
+    (its metadata and answers were the model's), where a model of that name alone was refused."""
+    folder = pipeline.config.parent
+    (folder / "quick" / "1").mkdir(parents=True)
+    shutil.copy(folder / "mlp.onnx", folder / "quick" / "1" / "model.onnx")
+    load = requests.post(f"{pipeline.base}/v2/repository/models/quick/load", timeout=60)
+    assert load.status_code == 400 and load.json()["error"] == "'quick' is a pipeline of the config", load.text
+    assert requests.get(f"{pipeline.base}/v2/models/quick", timeout=10).json()["platform"] == "ensemble"
+    served = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1), timeout=30)
+    assert served.status_code == 200 and served.json()["parameters"]["executed_on"] == "pipeline"
 
 
 def test_a_refused_chunk_withdraws_its_requests_other_chunks(pipeline):
