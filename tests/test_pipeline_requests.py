@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as triton_grpc
+from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import free_port, run_gateway
+from tests.helpers import free_port, run_gateway, save_model
 
 REQUEST_TIMEOUT_MS = 1500
 
@@ -344,3 +345,53 @@ def test_slow_function_steps_of_one_pipeline_hold_up_no_other(pipeline):
     for thread in slow:
         thread.join()
     assert quick.status_code == 200, quick.text
+
+
+def test_a_step_models_own_refusal_names_the_step_and_counts_invalid(tmp_path):
+    """A function step feeding a string model BYTES that are not UTF-8: the model's refusal left
+    the pipeline as a bare 400 naming no step, counted internal_error on the model."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["o"])],
+        "strings",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["N"])],
+        [helper.make_tensor_value_info("o", TensorProto.STRING, ["N"])],
+    )
+    save_model(graph, tmp_path / "strings.onnx")
+    (tmp_path / "steps.py").write_text(
+        'import numpy as np\n\n\ndef tag(arrays):\n    return {"s": np.array([b"ok", b"\\xff\\xfe"], dtype=object)}\n'
+    )
+    (tmp_path / "config.toml").write_text(
+        """
+[control]
+policy = "fixed"
+
+[models.strings]
+path = "strings.onnx"
+sla_ms = 1000
+cpu = { cores = 0.5, threads = 1 }
+
+[pipelines.tags]
+sla_ms = 2000
+inputs = [{ name = "x", datatype = "FP32", shape = [-1, 512] }]
+outputs = [{ name = "o", datatype = "BYTES", shape = [-1], source = "model/o" }]
+
+[[pipelines.tags.steps]]
+name = "first"
+function = "steps.py:tag"
+inputs = { x = "request/x" }
+outputs = ["s"]
+
+[[pipelines.tags.steps]]
+name = "model"
+model = "strings"
+inputs = { s = "first/s" }
+"""
+    )
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        response = requests.post(f"{gateway.base}/v2/models/tags/infer", json=_rows(1), timeout=30)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"].startswith(
+            "pipeline 'tags', step 'model' (model 'strings'): input 's': element 1 is not UTF-8"
+        )
+        assert _metric(gateway, "strings", "invalid") == 1 and _metric(gateway, "strings", "internal_error") == 0
+        assert _metric(gateway, "tags", "invalid") == 1

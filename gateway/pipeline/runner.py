@@ -26,7 +26,7 @@ from executors.tensors import KSERVE_TO_NUMPY, holds_datatype
 from gateway.config.schema import PIPELINE_INPUT, PipelineStep, PipelineTable
 from gateway.pipeline.functions import StepFunction, load_function
 from gateway.pipeline.graph import PipelineGraph
-from gateway.protocol import InferRequest, RequestedOutput
+from gateway.protocol import InferRequest, InvalidRequest, RequestedOutput
 from gateway.signature import ModelSignature, TensorSpec
 from gateway.stats import ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
@@ -228,6 +228,9 @@ class PipelineRuntime:
                 if error.outcome == "timeout":
                     raise deadline.passed(where) from None
                 raise StepFailed(f"{where}: {error}", error.status, error.outcome) from None
+            except InvalidRequest as error:  # what the step's model refuses before queueing it (BYTES not UTF-8)
+                outcome = "invalid"
+                raise StepFailed(f"{where}: {error}", error.status, outcome) from None
             except asyncio.CancelledError as cancelled:
                 # Withdrawn where another chunk or step of the request failed; else its client left.
                 outcome = WITHDRAWN if cancelled.args == (WITHDRAWN,) else "client_gone"
