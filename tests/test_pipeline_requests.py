@@ -211,6 +211,16 @@ def test_sigterm_drains_a_pipeline_in_its_function_step(pipeline):
     assert pipeline.process.wait(timeout=20) == 0
 
 
+def test_a_function_step_that_never_returns_does_not_keep_a_stopped_gateway_running(pipeline):
+    """The step is waited for no longer than its request's deadline (504), and SIGTERM then stops
+    the gateway: the step's thread was joined at exit, and the drained gateway never exited."""
+    response, took_s = _infer(pipeline, 3600.0)
+    assert response.status_code == 504 and "step 'pause'" in response.json()["error"], response.text
+    assert took_s < 10 * REQUEST_TIMEOUT_MS / 1000
+    pipeline.process.send_signal(signal.SIGTERM)
+    assert pipeline.process.wait(timeout=60) == 0
+
+
 def test_the_admin_api_names_a_pipeline_and_changes_nothing(pipeline):
     sla_before = requests.get(f"{pipeline.base}/v2/models/waits/config", timeout=10).json()["parameters"]
     expected = "'waits' is a pipeline, not a model of the admin API: set its steps' models (mlp)"

@@ -7,9 +7,13 @@ that is not there, or not callable, is a config error.
 from __future__ import annotations
 
 import importlib.util
+import queue
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,10 +37,46 @@ def load_function(reference: str, base: Path) -> StepFunction:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # a file that exits at import is a config error too
             del sys.modules[module_name]
             raise ValueError(f"{path} failed to load: {type(error).__name__}: {error}") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{path} has no function '{name}'")
     return function
+
+
+class StepThreads(Executor):
+    """``count`` threads that run a pipeline's function steps and do not hold up the process's
+    exit. A function that never returns is waited for no longer than its request's deadline,
+    but a ThreadPoolExecutor's threads are joined when the interpreter exits: a gateway that had
+    drained and stopped its executors after SIGTERM never exited (a second signal did nothing).
+    Daemon threads end with the process; what runs in them is beyond its requests by then."""
+
+    def __init__(self, count: int, name: str):
+        self._count, self._name = count, name
+        self._jobs: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple, dict]] = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args, kwargs))
+        with self._lock:
+            if not self._started:  # started at the first call: a pipeline never asked holds none
+                self._started = True
+                for number in range(self._count):
+                    threading.Thread(target=self._work, name=f"{self._name}_{number}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn, args, kwargs = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as error:  # the future carries it to the step, whatever it is
+                future.set_exception(error)
+            else:
+                future.set_result(result)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,7 +23,7 @@ import numpy as np
 
 from executors.tensors import KSERVE_TO_NUMPY, holds_datatype
 from gateway.config.schema import PIPELINE_INPUT, PipelineStep, PipelineTable
-from gateway.pipeline.functions import StepFunction, load_function
+from gateway.pipeline.functions import StepFunction, StepThreads, load_function
 from gateway.pipeline.graph import PipelineGraph
 from gateway.protocol import InferRequest, InvalidRequest, RequestedOutput
 from gateway.signature import ModelSignature, TensorSpec
@@ -89,7 +88,7 @@ class PipelineRuntime:
     ready_check: Callable[[], bool] = lambda: True
     # The function steps run here, in threads of the pipeline's own: in the loop's default pool
     # (six threads on two cores), a pipeline's slow functions held up every other pipeline's.
-    threads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(FUNCTION_THREADS, "pipeline-step"))
+    threads: StepThreads = field(default_factory=lambda: StepThreads(FUNCTION_THREADS, "pipeline-step"))
 
     @classmethod
     def build(cls, name: str, table: PipelineTable, models: dict[str, ModelRuntime], base: Path) -> PipelineRuntime:
