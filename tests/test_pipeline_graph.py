@@ -107,3 +107,19 @@ def test_the_config_loader_checks_a_pipeline_against_its_models_and_functions(tm
     path.write_text(good.replace("[pipelines.p]", "[pipelines.mlp]"))
     with pytest.raises(ConfigError, match="a model's name too"):
         load_config(path)
+    # A model step fed by a name the model does not have: served, every request was a 500.
+    path.write_text(good.replace("inputs = { x = 'd/x' }", "inputs = { X = 'd/x' }"))
+    with pytest.raises(ConfigError, match=r"pipelines.p.steps\[1\].inputs: model 'mlp' has no input 'X' \(its inputs: x\)"):
+        load_config(path)
+    # Two outputs of one name: the answer carried the later one's tensor under both.
+    twice = "outputs = [{ name = 'y', datatype = 'FP32', shape = [-1, 512], source = 'm/y' }, " + (
+        "{ name = 'y', datatype = 'FP32', shape = [-1, 512], source = 'd/x' }]\n"
+    )
+    path.write_text(good.replace("outputs = [{ name = 'y', datatype = 'FP32', shape = [-1, 512], source = 'm/y' }]\n", twice))
+    with pytest.raises(ConfigError, match="pipelines.p.outputs: 'y' named more than once"):
+        load_config(path)
+    # A step's file that exits as it is imported: serve exited with its status and said nothing.
+    (tmp_models / "exits.py").write_text("raise SystemExit(5)\n")
+    path.write_text(good.replace("steps.py:twice", "exits.py:twice"))
+    with pytest.raises(ConfigError, match=r"pipelines.p.steps\[0\].function: .*exits.py failed to load: SystemExit: 5"):
+        load_config(path)

@@ -176,13 +176,16 @@ def _check_pipelines(
     from gateway.pipeline.functions import load_function
     from gateway.pipeline.graph import PipelineError, PipelineGraph
 
-    outputs = {}
+    outputs, inputs = {}, {}
     for name, model in models.items():
         if any(name == step.model for table in pipelines.values() for step in table.steps):
             try:
-                outputs[name] = [o.name for o in onnx.load(str(model.path), load_external_data=False).graph.output]
+                graph = onnx.load(str(model.path), load_external_data=False).graph
             except Exception as error:  # protobuf's DecodeError and onnx's own: not an ONNX file
                 raise ConfigError(source, f"models.{name}.path", f"{model.path} is not an ONNX model: {error}") from None
+            outputs[name] = [o.name for o in graph.output]
+            weights = {w.name for w in graph.initializer}  # listed as inputs by older exporters
+            inputs[name] = [i.name for i in graph.input if i.name not in weights]
         else:
             outputs[name] = []
     for name, table in pipelines.items():
@@ -190,11 +193,27 @@ def _check_pipelines(
         _check_url_name(source, key, name)
         if name in models:
             raise ConfigError(source, key, f"'{name}' is a model's name too; a pipeline is served as a model of its own name")
+        for side, tensors in (("inputs", table.inputs), ("outputs", table.outputs)):
+            seen = [t.name for t in tensors]
+            twice = sorted({n for n in seen if seen.count(n) > 1})
+            if twice:
+                raise ConfigError(source, f"{key}.{side}", f"{', '.join(repr(n) for n in twice)} named more than once")
         try:
             PipelineGraph.build(name, table, outputs)
         except PipelineError as error:
             raise ConfigError(source, key, str(error)) from None
         for i, step in enumerate(table.steps):
+            if step.model is not None and step.model in inputs:
+                # Fed by name: a name the model does not have fed nothing, and every request was a 500.
+                wanted = inputs[step.model]
+                odd, unfed = sorted(set(step.inputs) - set(wanted)), [n for n in wanted if n not in step.inputs]
+                if odd or unfed:
+                    problem = (
+                        f"model '{step.model}' has no input {odd[0]!r}"
+                        if odd
+                        else f"model '{step.model}''s input {unfed[0]!r} is fed nothing"
+                    )
+                    raise ConfigError(source, f"{key}.steps[{i}].inputs", f"{problem} (its inputs: {', '.join(wanted)})")
             if step.function is not None:
                 try:
                     load_function(step.function, base)
