@@ -49,6 +49,11 @@ def scalar(arrays):
     return {"x": np.array(1.0, np.float32)}
 
 
+def counts(arrays):
+    # Values that fit UINT8 where x's first value is 0, and two that do not where it is 1.
+    return {"v": np.array([300, -1] if arrays["x"][0, 0] else [3, 4], np.int64)}
+
+
 def with_none(arrays):
     return {"x": arrays["x"], "note": np.array([None], dtype=object)}
 """
@@ -111,6 +116,18 @@ inputs = {{ x = "first/x" }}
 
 FUNCTION_PIPELINES = {"quick": "same", "quits": "quit_", "scalar": "scalar"}
 CONFIG += "".join(_function_then_mlp(name, function) for name, function in FUNCTION_PIPELINES.items())
+CONFIG += """
+[pipelines.counted]
+sla_ms = 2000
+inputs = [{ name = "x", datatype = "FP32", shape = [-1, 512] }]
+outputs = [{ name = "v", datatype = "UINT8", shape = [-1], source = "first/v" }]
+
+[[pipelines.counted.steps]]
+name = "first"
+function = "steps.py:counts"
+inputs = { x = "request/x" }
+outputs = ["v"]
+"""
 # Its function's second output is sent only where the request asks for pipeline_steps.
 CONFIG += _function_then_mlp("noted", "with_none", outputs=["x", "note"])
 
@@ -318,6 +335,20 @@ def test_a_repository_model_of_a_pipelines_name_is_refused_in_either_layout(pipe
     assert requests.get(f"{pipeline.base}/v2/models/quick", timeout=10).json()["platform"] == "ensemble"
     served = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1), timeout=30)
     assert served.status_code == 200 and served.json()["parameters"]["executed_on"] == "pipeline"
+
+
+def test_integers_a_function_gives_are_narrowed_only_where_they_fit(pipeline):
+    """int64 values where UINT8 is declared: 3 and 4 are sent as UINT8; 300 and -1 were sent as
+    44 and 255, and are now the step's mistake, named."""
+
+    def rows(first: float) -> dict:
+        return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 512], "data": [first] + [0.0] * 511}]}
+
+    fits = requests.post(f"{pipeline.base}/v2/models/counted/infer", json=rows(0.0), timeout=30)
+    assert fits.status_code == 200 and fits.json()["outputs"][0]["data"] == [3, 4], fits.text
+    beyond = requests.post(f"{pipeline.base}/v2/models/counted/infer", json=rows(1.0), timeout=30)
+    assert beyond.status_code == 500, beyond.text
+    assert beyond.json()["error"] == "pipeline 'counted', output 'v': a value beyond UINT8's range (0 to 255)"
 
 
 def test_a_refused_chunk_withdraws_its_requests_other_chunks(pipeline):

@@ -138,7 +138,7 @@ class PipelineRuntime:
                 tensors.update({f"{name}/{k}": v for k, v in outputs.items()})
         outputs = {t.name: tensors[t.source] for t in self.graph.table.outputs if t.source is not None}
         for t in self.signature.outputs:
-            outputs[t.name] = _as_datatype(outputs[t.name], t.datatype, f"output '{t.name}'")
+            outputs[t.name] = _as_datatype(outputs[t.name], t.datatype, f"pipeline '{self.name}', output '{t.name}'")
         if request.parameters.get("pipeline_steps") is True:
             binary = request.parameters.get("binary_data_output") is True
             for key, array in tensors.items():
@@ -300,14 +300,24 @@ def _sendable(array: np.ndarray, where: str) -> np.ndarray:
 
 
 def _as_datatype(array: Any, datatype: str, where: str) -> np.ndarray:
-    """The array in the datatype declared for it; a float64 where FP32 is declared is converted
-    (numpy's default), anything else that differs is the pipeline's mistake."""
+    """The array in the datatype declared for it; floats where other floats are declared, and
+    integers where other integers are, are converted (a float64 where FP32 is declared is numpy's
+    default) where each value fits; anything else that differs is the pipeline's mistake. (An
+    int64 300 declared UINT8 was sent as 44, and 2**40 as INT32 0; a float64 1e300 as FP32 inf.)"""
     if not isinstance(array, np.ndarray):
         raise StepFailed(f"{where}: not an array ({type(array).__name__})", 500, "internal_error")
     if holds_datatype(array, datatype):
         return array
     wanted = KSERVE_TO_NUMPY[datatype]
-    if array.dtype.kind == wanted.kind == "f" or (array.dtype.kind in "iu" and wanted.kind in "iu"):
+    if array.dtype.kind == wanted.kind == "f":
+        converted = array.astype(wanted)
+        if array.size and np.isinf(converted[np.isfinite(array)]).any():
+            raise StepFailed(f"{where}: a value beyond {datatype}'s range", 500, "internal_error")
+        return converted
+    if array.dtype.kind in "iu" and wanted.kind in "iu":
+        bounds = np.iinfo(wanted)
+        if array.size and not np.can_cast(array.dtype, wanted) and (array.min() < bounds.min or array.max() > bounds.max):
+            raise StepFailed(f"{where}: a value beyond {datatype}'s range ({bounds.min} to {bounds.max})", 500, "internal_error")
         return array.astype(wanted)
     if datatype == "BYTES" and array.dtype.kind == "O":
         odd = next(item for item in array.flat if not isinstance(item, (str, bytes)))
