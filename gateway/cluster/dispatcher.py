@@ -68,8 +68,10 @@ class Cluster:
         # ids would never reach the engine); a worker let go has its executors forgotten.
         self._handed: dict[str, RemoteExecutor] = {}
         self._drains: set[asyncio.Task[None]] = set()
-        #: SLAs set through the admin API, by model: each worker's controllers hold them too.
-        self.sla_ms: dict[str, float] = {}
+        #: Each model's SLA, the config's until the admin API sets another: every hello carries
+        #: them all, so that a worker holds no SLA that an earlier dispatcher (or an earlier run
+        #: of this one) set and no connected dispatcher holds.
+        self.sla_ms: dict[str, float] = {name: m.sla_ms for name, m in config.models.items()}
         workers = self.config.workers
         self.discovery = Discovery(
             parse_workers(workers if isinstance(workers, str) else list(workers)),
@@ -196,7 +198,8 @@ class Cluster:
         """Place the replicas anew; tell the engine of every executor whose readiness may have changed."""
         up = sorted(address for address, link in self.links.items() if link.connected and not link.draining)
         holds = {
-            address: {m for e in self.links[address].executors.values() if e.device == "cpu" for m in e.models} for address in up
+            address: {m for e in self.links[address].executors.values() if e.device == "cpu" and not e.gone for m in e.models}
+            for address in up
         }
         placed = place(self.replicas, up, holds, self.placed, self.config.placement)
         if placed != self.placed:

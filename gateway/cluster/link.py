@@ -37,6 +37,8 @@ CONNECT_TIMEOUT_S = 3.0
 # no more often than this.
 RECONNECT_DELAY_S = 0.2
 RECONNECT_DELAY_MAX_S = 2.0
+# The state of an executor that the worker's last hello left out.
+GONE = "gone"
 
 
 class WorkerRefused(RuntimeError):
@@ -88,10 +90,15 @@ class RemoteExecutor:
         self.enforced_cores = float(info.get("enforced_cores", self.enforced_cores))
 
     @property
+    def gone(self) -> bool:
+        """Whether the worker's last hello left this executor out (it came back without it)."""
+        return self.worker_state == GONE
+
+    @property
     def state(self) -> str:
         if not self.link.connected:
             return "unreachable"
-        return self.worker_state if self.placed else "not placed"
+        return self.worker_state if self.placed or self.gone else "not placed"
 
     @property
     def ready(self) -> bool:
@@ -299,7 +306,18 @@ class WorkerLink:
             else:
                 executor.update(info)
             changed.append(executor)
+        # A worker back at its address without an executor it had (its config changed): that
+        # one kept its last state, "ready", and took batches the worker answered with 503s.
+        listed = {str(info["id"]) for info in hello.get("executors", [])}
+        for key, executor in self.executors.items():
+            if key not in listed and not executor.gone:
+                executor.worker_state = GONE
+                changed.append(executor)
         self.connection, self.connected, self._heard = connection, True, time.perf_counter()
+        # An SLA set while the hello was on its way: send_sla dropped it (the link was not up).
+        for model, sla_ms in self.sla_ms().items():
+            if hello_frame["sla_ms"].get(model) != sla_ms:
+                connection.send({"kind": "sla", "model": model, "sla_ms": sla_ms})
         self.connects += 1
         self.last_error = None
         self.up.set()

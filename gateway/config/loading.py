@@ -147,6 +147,15 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
             tls_ca=base / cluster.tls_ca if cluster.tls_ca else None,
         )
         _check_cluster(source, cluster)
+        # A worker's status, once a control period, is its heartbeat: a timeout no longer than
+        # the period took every healthy worker as down between two of them, again and again.
+        if cluster.heartbeat_timeout_s <= file.control.period_s:
+            raise ConfigError(
+                source,
+                "cluster.heartbeat_timeout_s",
+                f"{cluster.heartbeat_timeout_s:g} s must be longer than control.period_s ({file.control.period_s:g} s): "
+                "a worker's status, once a period, is its heartbeat",
+            )
     _check_tracing(source, file.tracing)
     return GatewayConfig(
         source=source,
