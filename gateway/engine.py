@@ -283,6 +283,7 @@ class Engine:
                 on_ready_change=lambda e: self._on_executor_change(e.id),
                 has_batch=self._has_batch,
                 on_executor_gone=self._remove_executor,
+                signature_differs=self._signature_differs,
             )
         else:
             node = build_node_executors(config, self._socket_dir, self._on_executor_change)
@@ -322,6 +323,17 @@ class Engine:
             self.models[model].executors.append(executor)
             self.core.add_executor(executor.id, CPU, model)
 
+    def _signature_differs(self, executor: Executor) -> str | None:
+        """A model served here that ``executor`` (a worker's) holds with other inputs or outputs
+        than the one served (a worker whose config points the name at another file): half the
+        requests went to it and were refused 400 by its model. None before serving begins: the
+        first executor ready gives each model its signature."""
+        for name, signature in getattr(executor, "signatures", {}).items():
+            runtime = self.models.get(name)
+            if runtime is not None and runtime.signature is not None and ModelSignature.from_json(signature) != runtime.signature:
+                return name
+        return None
+
     def _remove_executor(self, executor: Executor) -> None:
         """An executor of a worker let go for good: forgotten, once the core has no batch of it
         left (a worker whose pod came back at another address left its executors behind, never
@@ -359,6 +371,8 @@ class Engine:
         for runtime in self.models.values():
             first = next(e for e in runtime.serving_executors if e.ready)
             runtime.signature = _servable(runtime.name, first.signatures[runtime.name])
+            if self.cluster is not None:
+                self.cluster.check_signatures()  # the others that were ready before it
             self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
             for executor in runtime.executors:
                 if self.cluster is None:  # a worker counts its own executors' cores

@@ -237,6 +237,36 @@ def test_an_sla_set_on_the_dispatcher_reaches_every_workers_controller(tmp_path:
             assert "model mlp: SLA set to 77 ms by dispatcher" in nodes[1].output()
 
 
+def test_a_worker_back_without_the_model_or_with_another_takes_none_of_its_requests(tmp_path: Path):
+    """A worker restarted at its address with a config that dropped the MLP: its executor kept
+    its last state ("ready") at the dispatcher, and about half the requests were answered 503.
+    Restarted with "mlp" pointing at another file: its executor was used as it was, and about
+    half the valid requests were refused 400 by the other model."""
+    body = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]}
+    with make_hosts(2) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        config = cluster_config(tmp_path / "cluster.toml", workers, MLP)
+        without = cluster_config(tmp_path / "without.toml", workers, {"cnn_small": EXAMPLE_MODELS["cnn_small"]})
+        other = cluster_config(tmp_path / "other.toml", workers, {"mlp": {**MLP["mlp"], "path": "models/cnn_small.onnx"}})
+        with workers_on(hosts, 2, config) as nodes, dispatcher(config) as gateway:
+            for restarted_with, state in ((without, "gone"), (other, "refused")):
+                nodes[1].kill()
+                nodes[1].config = restarted_with
+                nodes[1].start()
+                nodes[1].wait_ready()
+
+                def seen(state: str = state) -> bool:
+                    executors = gateway.admin("mlp")["executors"]
+                    return any(e["worker"] == nodes[1].endpoint and e["state"] == state for e in executors)
+
+                wait_for(seen, 20, f"the restarted worker's MLP executor {state}")
+                statuses = [
+                    requests.post(f"{gateway.base}/v2/models/mlp/infer", json=body, timeout=10).status_code for _ in range(20)
+                ]
+                assert statuses == [200] * 20, statuses
+            assert "takes or gives other tensors than the one served" in gateway.output()
+
+
 def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path):
     with make_hosts(2) as hosts, TestDnsServer() as dns:
         name = "gateway-workers.gateway.svc.cluster.local"

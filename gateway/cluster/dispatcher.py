@@ -45,6 +45,7 @@ class Cluster:
         on_ready_change: Callable[[RemoteExecutor], None],
         has_batch: Callable[[str], bool] = lambda executor_id: False,
         on_executor_gone: Callable[[RemoteExecutor], None] = lambda executor: None,
+        signature_differs: Callable[[RemoteExecutor], str | None] = lambda executor: None,
     ):
         """``on_executor`` hears of each executor of a worker once, when first seen;
         ``on_executor_gone`` of each of a worker let go (drained, not back);
@@ -59,6 +60,7 @@ class Cluster:
         self.on_executor, self.on_ready_change = on_executor, on_ready_change
         self.has_batch = has_batch
         self.on_executor_gone = on_executor_gone
+        self.signature_differs = signature_differs
         #: Replicas wanted per model with a CPU executor (None: one on every worker that holds it).
         self.replicas: dict[str, int | None] = {name: m.replicas for name, m in config.models.items() if m.cpu is not None}
         self.placed: dict[str, list[str]] = {name: [] for name in self.replicas}
@@ -189,16 +191,42 @@ class Cluster:
 
     def _on_link_change(self, link: WorkerLink, executors: list[RemoteExecutor]) -> None:
         for executor in executors:
+            self._check_signature(executor)
             if executor.id not in self._handed:
                 self._handed[executor.id] = executor
                 self.on_executor(executor)
         self._place(also=executors)
 
+    def check_signatures(self) -> None:
+        """Every executor against the models' signatures (once serving begins, they are known)."""
+        for link in self.links.values():
+            for executor in link.executors.values():
+                if self._check_signature(executor):
+                    self.on_ready_change(executor)
+
+    def _check_signature(self, executor: RemoteExecutor) -> bool:
+        """Refuse an executor whose model differs from the one served (a worker's config that
+        points the name at another file, a rolling upgrade that changed the model), take it
+        back once it matches; whether that changed."""
+        differs = self.signature_differs(executor)
+        refused = f"its model '{differs}' takes or gives other tensors than the one served" if differs else None
+        if refused == executor.refused:
+            return False
+        executor.refused = refused
+        if refused:
+            log.error("executor %s is left out: %s", executor.id, refused)
+        return True
+
     def _place(self, also: list[RemoteExecutor] = ()) -> None:  # type: ignore[assignment]
         """Place the replicas anew; tell the engine of every executor whose readiness may have changed."""
         up = sorted(address for address, link in self.links.items() if link.connected and not link.draining)
         holds = {
-            address: {m for e in self.links[address].executors.values() if e.device == "cpu" and not e.gone for m in e.models}
+            address: {
+                m
+                for e in self.links[address].executors.values()
+                if e.device == "cpu" and not (e.gone or e.refused)
+                for m in e.models
+            }
             for address in up
         }
         placed = place(self.replicas, up, holds, self.placed, self.config.placement)

@@ -73,6 +73,8 @@ class RemoteExecutor:
         self.pid: int | None = None
         self.restarts = 0
         self.worker_state = "new"
+        # Why the dispatcher will not use it, where its model differs from the one served.
+        self.refused: str | None = None
         self.cores = self.enforced_cores = 0.0
         # A CPU executor serves this dispatcher only where a replica of its model is placed.
         self.placed = self.device != "cpu"
@@ -82,6 +84,8 @@ class RemoteExecutor:
         """The worker's word on this executor (its hello or a status). The provider and the
         warm-up are the executor process's of the moment: a restart may change them."""
         self.worker_state = str(info.get("state", self.worker_state))
+        if "models" in info:  # a hello: a worker back with another config may hold another model
+            self.signatures = dict(info["models"] or {})
         if "provider" in info:
             self.provider = info["provider"]
         if "warmed" in info:
@@ -98,11 +102,15 @@ class RemoteExecutor:
     def state(self) -> str:
         if not self.link.connected:
             return "unreachable"
+        if self.refused:
+            return "refused"
         return self.worker_state if self.placed or self.gone else "not placed"
 
     @property
     def ready(self) -> bool:
-        return self.link.connected and not self.link.draining and self.worker_state == "ready" and self.placed
+        return (
+            self.link.connected and not self.link.draining and self.worker_state == "ready" and self.placed and not self.refused
+        )
 
     @property
     def in_flight(self) -> int:
