@@ -70,6 +70,18 @@ def test_the_heartbeat_leaves_out_what_only_a_start_of_the_executor_changes():
         heartbeat, change = (header["executors"] for header in dispatcher.headers)
         assert [sorted(e) for e in heartbeat] == [["cores", "enforced_cores", "id", "state"]]
         assert [(e["id"], e["provider"], e["warmed"]) for e in change] == [("cpu-m", "CPUExecutionProvider", {})]
+        # The process's fields that a node's admin API gives, for a dispatcher's (they were missing there).
+        process = worker.node.cpu["m"]
+        assert [(e["threads"], e["pid"], e["restarts"]) for e in change] == [(process.threads, process.pid, process.restarts)]
+        seen = RemoteExecutor(
+            WorkerLink("127.0.0.1:9", "a-token-of-sixteen-chars", "d", heartbeat_timeout_s=1.0, on_change=print),
+            {**change[0], "device": "cpu"},
+        )
+        assert {k: seen.describe()[k] for k in ("threads", "pid", "restarts")} == {
+            "threads": process.threads,
+            "pid": process.pid,
+            "restarts": process.restarts,
+        }
         assert worker.hello()["executors"][0]["provider"] == "CPUExecutionProvider"
     finally:
         worker.node.close()

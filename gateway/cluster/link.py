@@ -90,6 +90,9 @@ class RemoteExecutor:
             self.provider = info["provider"]
         if "warmed" in info:
             self.warmed = dict(info["warmed"] or {})
+        self.threads = int(info.get("threads", self.threads))
+        self.pid = info.get("pid", self.pid)
+        self.restarts = int(info.get("restarts", self.restarts))
         self.cores = float(info.get("cores", self.cores))
         self.enforced_cores = float(info.get("enforced_cores", self.enforced_cores))
 
@@ -159,7 +162,10 @@ class RemoteExecutor:
             "backend": self.backend,
             "cores": self.cores,
             "enforced_cores": self.enforced_cores,
+            "threads": self.threads,
             "state": self.state,
+            "pid": self.pid,
+            "restarts": self.restarts,
             "placed": self.placed,
             "provider": self.provider,
             "emulated": bool(self.emulate),

@@ -226,6 +226,8 @@ class WorkerNode:
             # warmed up other sizes.
             state["provider"] = executor.provider
             state["warmed"] = executor.warmed
+            # What the README's executor fields promise on a dispatcher's admin API as on a node's.
+            state["threads"], state["pid"], state["restarts"] = executor.threads, executor.pid, executor.restarts
         return state
 
     def hello(self) -> dict[str, Any]:
