@@ -223,6 +223,8 @@ def test_an_sla_set_on_the_dispatcher_reaches_every_workers_controller(tmp_path:
         config = cluster_config(tmp_path / "cluster.toml", workers, MLP, policy="feedforward")
         with workers_on(hosts, 2, config) as nodes, dispatcher(config) as gateway:
             configured = nodes[0].state()["models"]["mlp"]["sla_ms"]
+            # The hello carries each model's SLA, the config's too: one the worker holds is no news.
+            assert "SLA set to" not in nodes[0].output()
             changed = requests.put(gateway.base + "/admin/models/mlp/sla", json={"sla_ms": 77}, timeout=5)
             assert changed.status_code == 200, changed.text
             for node in nodes:

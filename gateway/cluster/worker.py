@@ -206,7 +206,8 @@ class WorkerNode:
         """A dispatcher's SLA for ``model``: what its controller regulates to from now on."""
         if model not in self.loads or isinstance(sla_ms, bool) or not isinstance(sla_ms, int | float):
             return  # not a model with a CPU executor here, or not a number: nothing to regulate
-        if not (math.isfinite(sla_ms) and sla_ms > 0) or self.sla_ms.get(model) == sla_ms:
+        # Every hello carries each model's SLA, the config's among them: one already held is no news.
+        if not (math.isfinite(sla_ms) and sla_ms > 0) or self.sla_ms.get(model, self.config.models[model].sla_ms) == sla_ms:
             return
         self.sla_ms[model] = float(sla_ms)
         log.info("worker %s: model %s: SLA set to %g ms by dispatcher %s", self.name, model, sla_ms, dispatcher)
