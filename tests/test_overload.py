@@ -123,12 +123,17 @@ def bench(base: str, *args: str) -> dict:
 
 
 def test_three_times_capacity_for_30_s(tmp_path):
-    """Every request answered; goodput >= 0.9 of the capacity just measured; liveness p99 < 50 ms;
-    memory bounded; received = ended + in flight at every scrape and at the end."""
+    """Every request answered; goodput >= 0.9 of the capacity measured around it; liveness p99 <
+    50 ms; memory bounded; received = ended + in flight at every scrape and at the end.
+
+    The capacity is the mean of one measurement just before the overload and one just after: a
+    2-core VM's speed drifts from minute to minute (a capacity of 33.5 req/s in one run, 42.4 in
+    the next), and one measured before alone set the bar from another minute's machine (the same
+    code read 0.84-0.94 of it)."""
     path = config(tmp_path, server="request_timeout_ms = 5000", model="max_queue_size = 32")
     with run_gateway(path) as gateway:
-        capacity = bench(gateway.base, "--concurrency", "16", "--duration", "10")["throughput_rps"]
-        assert capacity > 20, capacity
+        before = bench(gateway.base, "--concurrency", "16", "--duration", "10")["throughput_rps"]
+        assert before > 20, before
         gateway_process = psutil.Process(gateway.process.pid)
         rss_before = gateway_process.memory_info().rss
         probes: list[float] = []
@@ -152,17 +157,19 @@ def test_three_times_capacity_for_30_s(tmp_path):
         watcher = threading.Thread(target=watch)
         watcher.start()
         try:
-            load = bench(gateway.base, "--rate", f"{3 * capacity:.1f}", "--duration", "30")
+            load = bench(gateway.base, "--rate", f"{3 * before:.1f}", "--duration", "30")
         finally:
             done.set()
             watcher.join()
+        after = bench(gateway.base, "--concurrency", "16", "--duration", "10")["throughput_rps"]
+        capacity = (before + after) / 2
 
         statuses = load["statuses"]
         assert set(statuses) <= {"200", "429", "503", "504"}, statuses  # each an answer, none lost
-        assert load["dropped_by_client"] == 0 and load["requests"] > 2.5 * 30 * capacity
+        assert load["dropped_by_client"] == 0 and load["requests"] > 2.5 * 30 * before
         assert statuses.get("429", 0) > 0  # the overload was real and refused at the queue
         goodput = load["succeeded"] / load["elapsed_s"]
-        assert goodput >= 0.9 * capacity, (goodput, capacity)
+        assert goodput >= 0.9 * capacity, (goodput, before, after)
         assert len(probes) > 200 and float(np.percentile(probes, 99)) < 50, np.percentile(probes, [50, 99, 100])
         assert max(rss) - rss_before < 100 * 2**20, (rss_before, max(rss))
         for received, ended, in_flight in scrapes:  # exact at every moment a scrape saw
@@ -170,7 +177,8 @@ def test_three_times_capacity_for_30_s(tmp_path):
         received, ended, in_flight = accounting(gateway.metrics())
         assert in_flight == 0 and received == ended >= load["requests"]
         print(
-            f"capacity {capacity:.1f} req/s; at 3x: {load['requests']} requests {statuses}, goodput {goodput:.1f} req/s "
+            f"capacity {before:.1f} req/s before, {after:.1f} after; at 3x: {load['requests']} requests {statuses}, "
+            f"goodput {goodput:.1f} req/s "
             f"({goodput / capacity:.2f}x); liveness p99 {np.percentile(probes, 99):.1f} ms over {len(probes)} probes; "
             f"gateway RSS +{(max(rss) - rss_before) / 2**20:.1f} MiB"
         )
