@@ -19,7 +19,10 @@ import pytest
 import requests
 from onnx import TensorProto, helper
 
-from tests.helpers import run_gateway, save_model
+from tests.helpers import ROOT, run_gateway, save_model
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from large_body_probes import PROBER  # noqa: E402  (the benchmark's prober: one script for both)
 
 TOKEN = "hostile-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -89,34 +92,10 @@ def raw_http(gateway, request: bytes) -> tuple[int, dict[str, str], bytes]:
 
 # -- item 2: large requests do not hold the event loop -------------------------------------------
 
+
 # /v2/health/live every 20 ms until a line comes on stdin; then prints [latencies, failures].
 # A fixed schedule, each latency counted from the time its probe was due: a probe held up by a
 # stall counts every 20 ms it delayed, not once (no coordinated omission).
-PROBER = """
-import json, sys, threading, time
-import requests
-
-url = sys.argv[1] + "/v2/health/live"
-done = threading.Event()
-threading.Thread(target=lambda: (sys.stdin.readline(), done.set()), daemon=True).start()
-latencies, failures = [], []
-with requests.Session() as session:
-    session.get(url, timeout=30)
-    print("started", flush=True)
-    start = time.perf_counter()
-    k = 0
-    while not done.is_set():
-        due = start + 0.020 * k
-        k += 1
-        time.sleep(max(0.0, due - time.perf_counter()))
-        response = session.get(url, timeout=30)
-        latencies.append(time.perf_counter() - due)
-        if response.status_code != 200:
-            failures.append(response.text)
-print(json.dumps([latencies, failures]))
-"""
-
-
 def binary_request(inputs: list[tuple[dict, bytes]], parameters: dict | None = None, pad_to: int = 0) -> tuple[bytes, int]:
     """A body of the binary tensor extension, and its JSON header's length (padded to ``pad_to``)."""
     header = json.dumps(
