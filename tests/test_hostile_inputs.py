@@ -126,7 +126,7 @@ def test_large_requests_do_not_hold_up_health_probes(gateway):
     the shorter of those, far above what a probe takes on an idle machine (a few ms): it tells a
     blocked loop from a free one, and is no measure of speed (benchmarks are for that). A quarter
     was too tight for CI's machine, where the worker thread's 1 MB regex windows held the GIL
-    long enough that the p99 of probes reached 326 ms (45-105 ms on the VM); they are now 128 KB.
+    long enough that the p99 of probes reached 326 ms (83-255 ms on the VM); they are now 128 KB (34-70 ms on the VM).
     """
     elements = 5_000_000 * 3
     many_strings, many_strings_length = binary_request(
