@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from onnx import TensorProto, helper
 from pydantic import TypeAdapter
 
 from gateway.config import ConfigError, load_config
 from gateway.config.schema import PipelineTable
 from gateway.pipeline.graph import PipelineError, PipelineGraph
+from tests.helpers import save_model
 
 MODELS = {"det": ["prob"], "cls": ["angle"], "rec": ["chars"], "emb": ["vector"]}
 
@@ -123,3 +125,28 @@ def test_the_config_loader_checks_a_pipeline_against_its_models_and_functions(tm
     path.write_text(good.replace("steps.py:twice", "exits.py:twice"))
     with pytest.raises(ConfigError, match=r"pipelines.p.steps\[0\].function: .*exits.py failed to load: SystemExit: 5"):
         load_config(path)
+
+
+def test_a_model_input_a_step_leaves_unfed_is_a_config_error(tmp_path):
+    """A step feeding one of a two-input model's inputs was served, and every request was a 500
+    ("the model's input 'b' is fed nothing")."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])],
+        "two",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", 4])],
+    )
+    save_model(graph, tmp_path / "two.onnx")
+    config = (
+        "[models.two]\npath = 'two.onnx'\nsla_ms = 50\n[pipelines.p]\nsla_ms = 100\n"
+        "inputs = [{ name = 'x', datatype = 'FP32', shape = [-1, 4] }]\n"
+        "outputs = [{ name = 'y', datatype = 'FP32', shape = [-1, 4], source = 'm/c' }]\n"
+        "steps = [{ name = 'm', model = 'two', inputs = { a = 'request/x' } }]\n"
+    )
+    (tmp_path / "config.toml").write_text(config)
+    with pytest.raises(
+        ConfigError, match=r"pipelines.p.steps\[0\].inputs: model 'two''s input 'b' is fed nothing \(its inputs: a, b\)"
+    ):
+        load_config(tmp_path / "config.toml")
+    (tmp_path / "config.toml").write_text(config.replace("{ a = 'request/x' }", "{ a = 'request/x', b = 'request/x' }"))
+    assert list(load_config(tmp_path / "config.toml").pipelines) == ["p"]
