@@ -371,8 +371,6 @@ class Engine:
         for runtime in self.models.values():
             first = next(e for e in runtime.serving_executors if e.ready)
             runtime.signature = _servable(runtime.name, first.signatures[runtime.name])
-            if self.cluster is not None:
-                self.cluster.check_signatures()  # the others that were ready before it
             self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
             for executor in runtime.executors:
                 if self.cluster is None:  # a worker counts its own executors' cores
@@ -392,6 +390,8 @@ class Engine:
                 )
             if not runtime.executors:
                 log.info("model %s: no CPU executor (cpu_executor = false), served on the GPUs only", runtime.name)
+        if self.cluster is not None:
+            self.cluster.check_signatures()  # every model's is known now: the executors ready before
         if self.gpu_executors:
             self.gpu_cluster = GpuClusterWindow(self.now)
             self.metrics.export_scaling_signal(self.gpu_scaling_signal)

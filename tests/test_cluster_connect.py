@@ -9,6 +9,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -74,6 +75,14 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(link_module, "RECONNECT_DELAY_MAX_S", 0.05)
 
 
+def _link(address: str, **options: Any) -> WorkerLink:
+    """A dispatcher's link to ``address`` (a heartbeat timeout of 5 s, changes ignored, unless
+    ``options`` say otherwise)."""
+    return WorkerLink(
+        address, "a-token-of-sixteen+", "test", **{"heartbeat_timeout_s": 5.0, "on_change": lambda *_: None, **options}
+    )
+
+
 @contextlib.asynccontextmanager
 async def _server(handler: Handler) -> AsyncIterator[tuple[str, list[asyncio.StreamWriter]]]:
     """A listener on 127.0.0.1 and a free port serving ``handler``; its address and its
@@ -122,14 +131,7 @@ async def test_a_failure_to_connect_is_logged_once_and_named(
     handler: Handler, tls: bool, message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with _server(handler) as (address, connections):
-        link = WorkerLink(
-            address,
-            "a-token-of-sixteen+",
-            "test",
-            heartbeat_timeout_s=1.0,
-            on_change=lambda link, executors: None,
-            tls=ssl.create_default_context() if tls else None,
-        )
+        link = _link(address, heartbeat_timeout_s=1.0, tls=ssl.create_default_context() if tls else None)
         with caplog.at_level(logging.WARNING, logger="gateway.cluster"):
             link.start()
             await asyncio.sleep(RETRIES_WITHIN_S)
@@ -170,13 +172,7 @@ async def test_an_executor_a_worker_comes_back_without_is_gone_not_ready() -> No
 
     changed: list[list[str]] = []
     async with _server(restarting_worker) as (address, _):
-        link = WorkerLink(
-            address,
-            "a-token-of-sixteen+",
-            "test",
-            heartbeat_timeout_s=5.0,
-            on_change=lambda _, e: changed.append([x.id for x in e]),
-        )
+        link = _link(address, on_change=lambda _, e: changed.append([x.id for x in e]))
         link.start()
         try:
             await _until(lambda: link.connects == 2 and link.connected)
@@ -205,9 +201,7 @@ async def test_an_sla_set_while_the_hello_is_on_its_way_reaches_the_worker() -> 
         await reader.read()
 
     async with _server(worker) as (address, _):
-        link = WorkerLink(
-            address, "a-token-of-sixteen+", "test", heartbeat_timeout_s=5.0, on_change=lambda *_: None, sla_ms=lambda: dict(slas)
-        )
+        link = _link(address, sla_ms=lambda: dict(slas))
         link.start()
         try:
             assert await asyncio.wait_for(heard.get(), 5.0) == {"m": 100.0}
