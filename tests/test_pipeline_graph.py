@@ -150,3 +150,54 @@ def test_a_model_input_a_step_leaves_unfed_is_a_config_error(tmp_path):
         load_config(tmp_path / "config.toml")
     (tmp_path / "config.toml").write_text(config.replace("{ a = 'request/x' }", "{ a = 'request/x', b = 'request/x' }"))
     assert list(load_config(tmp_path / "config.toml").pipelines) == ["p"]
+
+
+def test_edges_whose_types_can_never_agree_are_config_errors(tmp_models):
+    """A BYTES input wired into a model's FP32 input, a shape of another rank or another fixed
+    dimension, a model's FP32 output declared BYTES, a dimension under -1: each was served, and
+    every request was a 500 (or, for the shape, a 400 the client could do nothing about)."""
+    head = "[models.mlp]\npath = 'mlp.onnx'\nsla_ms = 50\n[pipelines.p]\nsla_ms = 100\n"
+    good = head + (
+        "inputs = [{ name = 'x', datatype = 'FP32', shape = [-1, 512] }]\n"
+        "outputs = [{ name = 'y', datatype = 'FP32', shape = [-1, 512], source = 'm/y' }]\n"
+        "steps = [{ name = 'm', model = 'mlp', inputs = { x = 'request/x' } }]\n"
+    )
+    path = tmp_models / "config.toml"
+    path.write_text(good)
+    assert list(load_config(path).pipelines) == ["p"]
+    # Floats into floats are converted per request, as integers into integers are: not refused.
+    path.write_text(
+        good.replace("datatype = 'FP32', shape = [-1, 512] }]\noutputs", "datatype = 'FP64', shape = [-1, 512] }]\noutputs")
+    )
+    assert list(load_config(path).pipelines) == ["p"]
+    mistakes = [
+        (
+            "datatype = 'FP32', shape = [-1, 512] }]\noutputs",
+            "datatype = 'BYTES', shape = [-1, 512] }]\noutputs",
+            r"pipelines.p.steps\[0\].inputs: 'request/x' into model 'mlp''s input 'x': BYTES where FP32 is wanted",
+        ),
+        (
+            "shape = [-1, 512] }]\noutputs",
+            "shape = [-1, 256] }]\noutputs",
+            r"'request/x' into model 'mlp''s input 'x': shape \[-1, 256\] where \[-1, 512\] is wanted",
+        ),
+        (
+            "shape = [-1, 512] }]\noutputs",
+            "shape = [512] }]\noutputs",
+            r"shape \[512\] where 2 dimensions \[-1, 512\] are wanted",
+        ),
+        (
+            "name = 'y', datatype = 'FP32'",
+            "name = 'y', datatype = 'BYTES'",
+            r"pipelines.p.outputs\[0\]: 'm/y' as output 'y': FP32 where BYTES is wanted",
+        ),
+        (
+            "shape = [-1, 512], source",
+            "shape = [-7, 512], source",
+            r"pipelines.p.outputs\[0\].shape\[0\]: must be at least -1, got -7",
+        ),
+    ]
+    for before, after, words in mistakes:
+        path.write_text(good.replace(before, after, 1))
+        with pytest.raises(ConfigError, match=words):
+            load_config(path)

@@ -31,6 +31,7 @@ from gateway.config.schema import (
     MAX_MODEL_NAME,
     MIN_WORKER_TOKEN,
     MODEL_NAME_PATTERN,
+    PIPELINE_INPUT,
     ClusterConfig,
     ConfigFile,
     CpuExecutorConfig,
@@ -186,6 +187,7 @@ def _check_pipelines(
     from gateway.pipeline.graph import PipelineError, PipelineGraph
 
     outputs, inputs = {}, {}
+    typed: dict[tuple[str, str, str], _Tensor] = {}  # (model, "input" or "output", name) -> its type
     for name, model in models.items():
         if any(name == step.model for table in pipelines.values() for step in table.steps):
             try:
@@ -195,6 +197,8 @@ def _check_pipelines(
             outputs[name] = [o.name for o in graph.output]
             weights = {w.name for w in graph.initializer}  # listed as inputs by older exporters
             inputs[name] = [i.name for i in graph.input if i.name not in weights]
+            for side, values in (("input", graph.input), ("output", graph.output)):
+                typed.update({(name, side, v.name): _onnx_tensor(v) for v in values if v.name not in weights})
         else:
             outputs[name] = []
     for name, table in pipelines.items():
@@ -228,7 +232,81 @@ def _check_pipelines(
                     load_function(step.function, base)
                 except ValueError as error:
                     raise ConfigError(source, f"{key}.steps[{i}].function", str(error)) from None
+        _check_wiring(source, key, table, typed)
     return pipelines
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    datatype: str | None  # None: no KServe datatype (ONNX's bfloat16, say), nothing to compare
+    shape: tuple[int, ...] | None  # -1 where free; None: no shape given
+
+
+def _onnx_tensor(value: Any) -> _Tensor:
+    """A model input's or output's type, read from its ONNX ValueInfoProto."""
+    import numpy as np
+    import onnx
+
+    from executors.tensors import KSERVE_TO_NUMPY
+
+    kind = value.type.tensor_type
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type))
+        datatype = next((n for n, d in KSERVE_TO_NUMPY.items() if d == dtype), None)
+    except (KeyError, TypeError):  # an element type numpy has no name for
+        datatype = None
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in kind.shape.dim) if kind.HasField("shape") else None
+    return _Tensor(datatype, shape)
+
+
+def _mismatch(given: _Tensor, wanted: _Tensor) -> str | None:
+    """Why a tensor of type ``given`` can never be fed where ``wanted`` is read, or None. Floats
+    pass to other floats and integers to other integers (the pipeline converts them where each
+    value fits, gateway/pipeline/runner.py); any other datatype that differs fails every request."""
+    from executors.tensors import KSERVE_TO_NUMPY
+
+    if given.datatype and wanted.datatype and given.datatype != wanted.datatype:
+        kinds = KSERVE_TO_NUMPY[given.datatype].kind, KSERVE_TO_NUMPY[wanted.datatype].kind
+        if not (kinds[0] == kinds[1] == "f" or set(kinds) <= set("iu")):
+            return f"{given.datatype} where {wanted.datatype} is wanted"
+    if given.shape is not None and wanted.shape is not None:
+        if len(given.shape) != len(wanted.shape):
+            return f"shape {list(given.shape)} where {len(wanted.shape)} dimensions {list(wanted.shape)} are wanted"
+        if any(g >= 0 and w >= 0 and g != w for g, w in zip(given.shape, wanted.shape, strict=True)):
+            return f"shape {list(given.shape)} where {list(wanted.shape)} is wanted"
+    return None
+
+
+def _check_wiring(source: Path, key: str, table: PipelineTable, typed: dict[tuple[str, str, str], _Tensor]) -> None:
+    """Each edge whose two ends have known types: the pipeline's input into a model, a model's
+    output into another model, a model's output as the pipeline's output. A datatype or a fixed
+    dimension that can never agree was a 500 on every request; it is a config error instead.
+    (A function's tensors have no declared type: their edges are checked per request.)"""
+    model_of = {step.name: step.model for step in table.steps}
+    declared = {t.name: _Tensor(t.datatype, t.shape) for t in table.inputs}
+
+    def given(reference: str) -> _Tensor | None:
+        step, _, tensor = reference.partition("/")
+        if step == PIPELINE_INPUT:
+            return declared.get(tensor)
+        model = model_of.get(step)
+        return typed.get((model, "output", tensor)) if model is not None else None
+
+    for i, step in enumerate(table.steps):
+        if step.model is None:
+            continue
+        for name, reference in step.inputs.items():
+            fed, wanted = given(reference), typed.get((step.model, "input", name))
+            problem = _mismatch(fed, wanted) if fed is not None and wanted is not None else None
+            if problem:
+                raise ConfigError(
+                    source, f"{key}.steps[{i}].inputs", f"'{reference}' into model '{step.model}''s input '{name}': {problem}"
+                )
+    for j, output in enumerate(table.outputs):
+        fed = given(output.source) if output.source is not None else None
+        problem = _mismatch(fed, _Tensor(output.datatype, output.shape)) if fed is not None else None
+        if problem:
+            raise ConfigError(source, f"{key}.outputs[{j}]", f"'{output.source}' as output '{output.name}': {problem}")
 
 
 def _check_tracing(source: Path, tracing: TracingConfig) -> None:

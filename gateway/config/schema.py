@@ -485,7 +485,7 @@ class PipelineTensor:
     datatype: Literal[
         "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"
     ]
-    shape: tuple[int, ...]
+    shape: tuple[Annotated[int, Field(ge=-1)], ...]
     """Its dimensions, -1 where free."""
     source: TensorSource | None = None
     """For an output: the step's tensor it is ("STEP/NAME")."""
