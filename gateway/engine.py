@@ -66,6 +66,8 @@ from supervisor.node import Allocation, Window
 
 # Control periods kept for the admin API's history: an hour at ROMA's 1 s period.
 HISTORY = 3600
+# A pipeline is its config's: loaded with the gateway, never at run time (its models may be).
+PIPELINE_FIXED = "'{name}' is a pipeline of the config: pipelines are not loaded or unloaded at run time"
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -554,11 +556,13 @@ class Engine:
     async def _unload_named_model(self, name: str, timeout_s: float) -> None:
         if name in self._version_keys():  # unloaded with its model, not by the name it runs under
             raise InvalidRequest(self.not_served(name, None), status=404)
+        if name in self.pipelines:  # was "unknown model 'p'; served models: ..., p"
+            raise InvalidRequest(PIPELINE_FIXED.format(name=name))
         await self._unload_model(name, timeout_s)
 
     async def _load_versions(self, name: str, models: dict[str, ModelConfig]) -> None:
         if name in self.pipelines:  # its versions would be served under the pipeline's name
-            raise InvalidRequest(f"'{name}' is a pipeline of the config")
+            raise InvalidRequest(PIPELINE_FIXED.format(name=name))
         own = set(self.versions.get(name, {}).values())
         taken = sorted(m.name for m in models.values() if m.name in self.models and m.name not in own)
         if taken:
@@ -632,7 +636,7 @@ class Engine:
         if model.cpu is None:
             raise InvalidRequest(f"model '{model.name}': a model loaded at run time is served by its CPU executor")
         if model.name in self.pipelines:
-            raise InvalidRequest(f"'{model.name}' is a pipeline of the config")
+            raise InvalidRequest(PIPELINE_FIXED.format(name=model.name))
         if model.name in self.models:
             await self._unload_model(model.name)
         runtime = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=[])

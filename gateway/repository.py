@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from gateway.config import ConfigError, GatewayConfig, ModelConfig
 from gateway.config.loading import _file_adapter, _model, _problem
+from gateway.engine import PIPELINE_FIXED
 from gateway.protocol import InvalidRequest
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str,
         state = UNLOADING if key in engine.unloading else READY if runtime.ready else UNAVAILABLE
         name, version = runtime.served_name, runtime.version
         entries[name, version] = {"name": name, "version": version, "state": state, "reason": ""}
+    for name in engine.pipelines:  # served as models of the one version "1", as Triton lists its ensembles
+        entries[name, "1"] = {"name": name, "version": "1", "state": READY, "reason": ""}
     listed = [entries[key] for key in sorted(entries, key=lambda k: (k[0], int(k[1]) if k[1].isdigit() else 0))]
     return [e for e in listed if e["state"] == READY] if ready_only else listed
 
@@ -137,6 +140,8 @@ async def load_from_repository(engine: Engine, name: str, override_text: object)
     elif current is not None or name in engine.file_models:
         model = current.config if current is not None else engine.file_models[name]
         table = {"path": str(model.path), "sla_ms": model.sla_ms, "max_batch_size": model.max_batch_size}
+    elif name in engine.pipelines:
+        raise InvalidRequest(PIPELINE_FIXED.format(name=name))
     else:
         known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.served_names(), *engine.file_models}))
         raise InvalidRequest(f"no model '{name}' in the repository ({engine.config.server.model_dir}); known: {known}", 404)

@@ -330,11 +330,26 @@ def test_a_repository_model_of_a_pipelines_name_is_refused_in_either_layout(pipe
     folder = pipeline.config.parent
     (folder / "quick" / "1").mkdir(parents=True)
     shutil.copy(folder / "mlp.onnx", folder / "quick" / "1" / "model.onnx")
+    fixed = "'quick' is a pipeline of the config: pipelines are not loaded or unloaded at run time"
     load = requests.post(f"{pipeline.base}/v2/repository/models/quick/load", timeout=60)
-    assert load.status_code == 400 and load.json()["error"] == "'quick' is a pipeline of the config", load.text
+    assert load.status_code == 400 and load.json()["error"] == fixed, load.text
     assert requests.get(f"{pipeline.base}/v2/models/quick", timeout=10).json()["platform"] == "ensemble"
     served = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(1), timeout=30)
     assert served.status_code == 200 and served.json()["parameters"]["executed_on"] == "pipeline"
+
+
+def test_a_pipeline_is_in_the_repository_index_and_is_neither_loaded_nor_unloaded(pipeline):
+    """The index left pipelines out, though clients reach them as models; an unload of one was a
+    404 "unknown model 'waits'; served models: ..., waits", and a load one "no model 'waits' in
+    the repository"."""
+    index = requests.post(f"{pipeline.base}/v2/repository/index", json={}, timeout=10).json()
+    assert {"name": "waits", "version": "1", "state": "READY", "reason": ""} in index, index
+    fixed = "'waits' is a pipeline of the config: pipelines are not loaded or unloaded at run time"
+    for action in ("unload", "load"):
+        answer = requests.post(f"{pipeline.base}/v2/repository/models/waits/{action}", timeout=60)
+        assert answer.status_code == 400 and answer.json()["error"] == fixed, (action, answer.text)
+    served = requests.post(f"{pipeline.base}/v2/models/waits/infer", json=_body(0.0), timeout=30)
+    assert served.status_code == 200, served.text
 
 
 def test_integers_a_function_gives_are_narrowed_only_where_they_fit(pipeline):
