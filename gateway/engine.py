@@ -310,6 +310,10 @@ class Engine:
         self._running_outside_core = 0
         # Per-second series for the live page (/ui), filled from the events below.
         self.live = LiveSeries()
+        # Set once start() has profiled every model: a GPU ready after that (a worker with GPUs
+        # that joined a dispatcher later) is profiled for the models that have no GPU profile.
+        self._profiled = False
+        self._gpu_profiling: set[str] = set()  # models being profiled on such a GPU
 
     def _add_executor(self, executor: Executor) -> None:
         """An executor of this node, or of a worker that connected: the dispatch core may use it
@@ -403,6 +407,7 @@ class Engine:
             self.pipelines[name] = PipelineRuntime.build(name, table, self.models, base)
             log.info("pipeline %s: steps %s, SLA %g ms", name, " -> ".join(self.pipelines[name].graph.order), table.sla_ms)
         await self._profile()
+        self._profiled = True
         if self.control is not None:
             self.control.start()
             control = self.config.control
@@ -1012,6 +1017,47 @@ class Engine:
             for model in memory.held.get(executor_id, ()):
                 self.metrics.gpu_model_unloads.labels(executor_id, model).inc()
         self._carry_out(self.core.set_executor_ready(executor_id, ready, self.now))
+        if ready and executor.device != CPU and self._profiled:
+            self._profile_late_gpu(executor)
+
+    def _profile_late_gpu(self, gpu: SupervisedExecutor) -> None:
+        """Profile ``gpu`` for each model served without a GPU profile, then hand the model to
+        the GPU scheduler: a dispatcher profiles its models once, at start, and a worker with
+        GPUs that connected after that was never given a request."""
+        for runtime in self.models.values():
+            name = runtime.name
+            if runtime.gpu_profile is not None or name in self._gpu_profiling or name in self.unloading:
+                continue
+            if gpu.emulate and name not in gpu.emulate:
+                continue  # an emulated GPU holds only the models of its profile
+            self._gpu_profiling.add(name)
+            task = asyncio.create_task(self._add_gpu_profile(runtime, gpu))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _add_gpu_profile(self, runtime: ModelRuntime, gpu: SupervisedExecutor) -> None:
+        try:
+            assert runtime.signature is not None
+            if gpu.emulate:
+                profile = LatencyProfile(*gpu.emulate[runtime.name])
+            else:
+                profile = await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
+            if self.models.get(runtime.name) is not runtime or runtime.gpu_profile is not None:
+                return  # unloaded (or loaded again, and profiled) meanwhile
+            runtime.gpu_profile = profile
+            log.info(
+                "model %s: GPU profile l(b) = %.3f b + %.3f ms on %s, which came up after start",
+                runtime.name,
+                profile.per_item_ms,
+                profile.fixed_ms,
+                gpu.id,
+            )
+            if self.gpu_cluster is None:
+                self.gpu_cluster = GpuClusterWindow(self.now)
+                self.metrics.export_scaling_signal(self.gpu_scaling_signal)
+            self._carry_out(self.core.add_gpu_profile(runtime.name, profile, self.now))
+        finally:
+            self._gpu_profiling.discard(runtime.name)
 
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, float("inf")

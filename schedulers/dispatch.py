@@ -284,6 +284,20 @@ class DispatchCore:
             self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late, state.queue)
             state.on_gpus = True
 
+    def add_gpu_profile(self, model: str, profile: LatencyProfile, now: float) -> list[Action]:
+        """A model served before any GPU was there to profile it on (a dispatcher whose workers
+        with GPUs connected later): the GPU scheduler takes it from now on, its queue as it is."""
+        state = self.models[model]
+        if state.gpu_profile is not None or self.gpu_scheduler is None:
+            return []
+        state.gpu_profile = profile
+        self.gpu_scheduler.add_model(model, state.sla_ms, state.max_batch, profile, state.drop_late, state.queue)
+        state.on_gpus = True
+        self.gpu_scheduler.on_queue_changed(model, now)
+        state.watched = None
+        self._touched[model] = state
+        return self._pump(now)
+
     def remove_model(self, model: str) -> None:
         """A model unloaded at run time, its queue empty and no batch of it running: the core
         forgets it and its CPU executors (the GPU executors stay, for the other models)."""

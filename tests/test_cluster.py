@@ -408,6 +408,34 @@ async def test_the_gpu_scheduler_sees_every_gpu_of_every_worker(tmp_path: Path):
             assert max(a["batch_size"] for a in answers) > 1  # batched on the remote GPUs
 
 
+def test_a_worker_with_a_gpu_that_joins_after_start_is_given_requests(tmp_path: Path):
+    """A dispatcher profiles its models once, at start: a worker with a GPU that connected after
+    that had its GPU listed, ready, and never given a request (the models had no GPU profile)."""
+    body = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]}
+    models = {"mlp": {**EXAMPLE_MODELS["mlp"], "sla_ms": 400, "max_batch_size": 8}}
+    with make_hosts(2) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        cpu_only = cluster_config(tmp_path / "cpu.toml", workers, models)
+        with_gpu = cluster_config(
+            tmp_path / "gpu.toml", workers, models, node={"gpus": [0]}, gpu={"executor": "emulated", "profile": str(PROFILE)}
+        )
+        late = Worker(hosts, 1, with_gpu)
+        with workers_on(hosts, 1, cpu_only), dispatcher(cpu_only) as gateway:
+            assert "gpu" not in gateway.admin("mlp")["profiles"]
+            try:
+                late.start().wait_ready()
+                wait_for(lambda: "gpu" in gateway.admin("mlp")["profiles"], 30, "a GPU profile for mlp")
+                gpu = gateway.admin("mlp")["profiles"]["gpu"]
+                assert (gpu["per_item_ms"], gpu["fixed_ms"]) == (0.5, 20.0)  # the emulated GPU's, from its hello
+                answers = [requests.post(f"{gateway.base}/v2/models/mlp/infer", json=body, timeout=10) for _ in range(40)]
+                assert [a.status_code for a in answers] == [200] * 40
+                where = collections.Counter(a.json()["parameters"]["executed_on"] for a in answers)
+                assert where["gpu:0"] > 0, where
+            finally:
+                late.stop()
+            assert "which came up after start" in gateway.output()
+
+
 def test_a_dispatcher_killed_loses_only_its_own_requests(tmp_path: Path):
     with make_hosts(2) as hosts:
         workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]

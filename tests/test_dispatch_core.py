@@ -386,3 +386,19 @@ def test_an_executor_gone_for_good_is_forgotten_once_down_and_without_a_batch():
     (later,) = of(core.on_arrival(Request(2, "m", 0.01), 0.01), Start)
     assert later.batch.executor != gone
     assert core.remove_executor(gone)  # forgotten already: nothing to do
+
+
+def test_a_model_given_a_gpu_profile_later_has_its_queue_taken_by_the_gpu():
+    """A dispatcher's GPU that came up after its models were profiled: until the model has a GPU
+    profile the GPU takes none of it; once given, what is queued goes to the GPU at once."""
+    core = core_with(gpus=1, policy="work_conserving", cpu_profile=(1.0, 40.0), sla_ms=200)
+    first, second = Request(1, "m", 0.0), Request(2, "m", 0.001)
+    (running,) = of(core.on_arrival(first, 0.0), Start)
+    assert running.batch.device == CPU
+    assert not of(core.on_arrival(second, 0.001), Start)  # the CPU executor is busy, the GPU unused
+    (on_gpu,) = of(core.add_gpu_profile("m", LatencyProfile(1.0, 5.0), 0.002), Start)
+    assert on_gpu.batch.device == GPU and on_gpu.batch.requests == (second,)
+    assert on_gpu.batch.expected_end == pytest.approx(0.002 + 0.006)
+    # Given again (a second GPU that came up): nothing changes.
+    assert core.add_gpu_profile("m", LatencyProfile(9.0, 9.0), 0.003) == []
+    assert core.models["m"].gpu_profile.fixed_ms == 5.0
