@@ -53,7 +53,7 @@ from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_
 from gateway.connections import connection_cap, descriptor_limit
 from gateway.engine import RequestFailed
 from gateway.observe import REQUEST_ID_HEADER, RequestRecord, new_request_id, report, usable_request_id
-from gateway.protocol import InvalidRequest, parse_infer_request
+from gateway.protocol import InvalidRequest, parse_infer_request, refuse_shared_memory
 from gateway.repository import load_from_repository, repository_index
 from gateway.routes import NOT_SERVED
 
@@ -102,13 +102,14 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-# A gRPC message may carry this much (grpc's default is 4 MiB, too small for images): the HTTP
-# body limit, so that one request fits either protocol.
 OPEN_METHODS = {"ServerLive", "ServerReady"}
 REPOSITORY_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"}
 # Requests of one stream read but not yet answered to its client, at most (a model's default
 # max_queue_size): enough for any perf_analyzer concurrency.
 STREAM_IN_FLIGHT = 1024
+# The parameter of a stream's answer that says it is its request's last (Triton's, for decoupled
+# models; each request here has one answer).
+FINAL_RESPONSE = "triton_final_response"
 
 
 class Refused(Exception):
@@ -144,6 +145,7 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
         raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
     inputs, blobs = [], []
     for i, tensor in enumerate(request.inputs):
+        refuse_shared_memory({k: _parameter_value(v) for k, v in tensor.parameters.items()}, f"input '{tensor.name}'")
         if raw:
             if tensor.contents.ByteSize():  # the protocol's rule: one or the other, never both
                 raise InvalidRequest(f"input '{tensor.name}': contents must not be given when raw_input_contents are")
@@ -263,7 +265,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         # Whatever the parameter's type: parse_override refuses one that is not a string, naming it.
         config = _parameter_value(request.parameters["config"]) if "config" in request.parameters else None
         try:
-            await load_from_repository(self.engine, request.model_name, config)
+            await load_from_repository(self.engine, request.model_name, config, request.parameters)
         except InvalidRequest as error:
             await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), str(error))
         return service_pb2.RepositoryModelLoadResponse()
@@ -339,14 +341,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.ModelStreamInferResponse:
         record = self._record(request, metadata, "ModelStreamInfer")
         try:
-            return service_pb2.ModelStreamInferResponse(infer_response=await self._observed_infer(request, record, metadata))
+            answer = service_pb2.ModelStreamInferResponse(infer_response=await self._observed_infer(request, record, metadata))
         except Refused as refused:
             # A refusal carries its request's id, as Triton's does: the answers of a stream come
             # in the order they end, so the id is what tells a client which request failed.
             named = service_pb2.ModelInferResponse(
                 id=request.id, model_name=request.model_name, model_version=request.model_version
             )
-            return service_pb2.ModelStreamInferResponse(error_message=str(refused), infer_response=named)
+            answer = service_pb2.ModelStreamInferResponse(error_message=str(refused), infer_response=named)
+        # Each request has one answer, its last: Triton marks a stream's final answer so, and a
+        # client that asks for empty final responses reads until it sees the mark.
+        answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+        return answer
 
     @staticmethod
     def _record(request: service_pb2.ModelInferRequest, metadata: Mapping[str, str], rpc_method: str) -> RequestRecord:

@@ -12,7 +12,7 @@ import itertools
 import re
 import reprlib
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +221,7 @@ def _plan_input(
             status=413,
         )
     parameters = _object(item.get("parameters"), f"input '{name}': 'parameters'")
+    refuse_shared_memory(parameters, f"input '{name}'")
     size = parameters.get("binary_data_size")
     if size is not None:
         if blobs is None:
@@ -338,6 +339,7 @@ def _requested_outputs(items: Any, signature: ModelSignature, binary_default: bo
             known = ", ".join(t.name for t in signature.outputs)
             raise InvalidRequest(f"unknown output '{name}'; the model's outputs are: {known}")
         parameters = _object(item.get("parameters"), f"output '{name}': 'parameters'")
+        refuse_shared_memory(parameters, f"output '{name}'")
         if "classification" in parameters:
             raise InvalidRequest("the classification extension is not supported")
         requested.append(RequestedOutput(name, _flag(parameters, "binary_data", binary_default, f"output '{name}': parameter")))
@@ -351,6 +353,18 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidRequest(f"{what} must be an object, got {_brief(value)}")
     return value
+
+
+def refuse_shared_memory(parameters: Mapping[str, Any], where: str) -> None:
+    """A tensor in a shared-memory region (Triton's shared-memory extensions, not served here):
+    an output's was answered inline as if asked for no region, and an input's was refused as
+    having no data at all."""
+    region = parameters.get("shared_memory_region")
+    if region is not None:
+        raise InvalidRequest(
+            f"{where} names shared-memory region {_brief(region)}: shared memory is not served here; "
+            "send the tensor in the request"
+        )
 
 
 def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bool:

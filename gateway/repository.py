@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,9 +130,17 @@ def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str,
     return [e for e in listed if e["state"] == READY] if ready_only else listed
 
 
-async def load_from_repository(engine: Engine, name: str, override_text: object) -> None:
+async def load_from_repository(engine: Engine, name: str, override_text: object, parameters: Iterable[str] = ()) -> None:
     """Load ``name`` (from the repository, or the config's own model again) with the config
-    override of Triton's ``parameters.config``; a 404 for a model found nowhere."""
+    override of Triton's ``parameters.config``; a 404 for a model found nowhere. ``parameters``:
+    the request's parameter names, where Triton's ``file:`` ones (a model's files sent in the
+    request) are refused: they were ignored, and the model on disk was loaded as if they matched."""
+    sent = sorted(p for p in parameters if p.startswith("file:"))
+    if sent:
+        raise InvalidRequest(
+            f"parameter '{sent[0]}': model files sent in a load request are not accepted; "
+            f"put the model under the repository (server.model_dir) as {name}/[VERSION/]model.onnx"
+        )
     override = parse_override(override_text)
     found = scan(engine.config.server.model_dir).get(name)
     current = engine.models.get(name)

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from executors.tensors import KSERVE_TO_TRITON_CONFIG
 from gateway import __version__
 from gateway.config import GatewayConfig
+from gateway.config.schema import PIPELINE_INPUT, PipelineTable
 from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
 from gateway.content_coding import BadCoding, BodyTooLarge, UnsupportedCoding, codings_of, decode
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
@@ -399,6 +400,12 @@ class Handlers:
         }
         if batching:
             config["dynamic_batching"] = {}
+        graph = getattr(runtime, "graph", None)
+        if graph is not None:
+            # Triton's ensemble always lists its steps; perf_analyzer reads them to find the
+            # composing models (it crashed on an "ensemble" without them).
+            config["backend"] = ""
+            config["ensemble_scheduling"] = {"step": ensemble_steps(graph.table)}
         return config
 
     async def infer(self, request: web.Request) -> web.Response:
@@ -538,7 +545,7 @@ class Handlers:
         parameters = body.get("parameters", {}) if isinstance(body, dict) else None
         if not isinstance(parameters, dict):
             raise InvalidRequest("'parameters' must be an object")
-        await load_from_repository(self.engine, request.match_info["model"], parameters.get("config"))
+        await load_from_repository(self.engine, request.match_info["model"], parameters.get("config"), parameters)
         return web.json_response({})
 
     async def repository_unload(self, request: web.Request) -> web.Response:
@@ -776,3 +783,27 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connecti
         backlog=128,  # aiohttp's TCPSite default
     )
     return connections, listener
+
+
+def ensemble_steps(table: PipelineTable) -> list[dict[str, Any]]:
+    """A pipeline's model steps as Triton's ``ensemble_scheduling.step``: each model's inputs and
+    outputs mapped to the pipeline's tensors (its own inputs and outputs by their names, a step's
+    tensor as "STEP/NAME"). A function step runs no model, so Triton's form has no place for it:
+    the tensors it gives appear as the steps' inputs it feeds."""
+    named = {output.source: output.name for output in table.outputs}
+    steps = []
+    for step in table.steps:
+        if step.model is None:
+            continue
+        inputs = {name: _ensemble_tensor(source) for name, source in step.inputs.items()}
+        sources = [o.source for o in table.outputs if o.source] + [s for other in table.steps for s in other.inputs.values()]
+        read = {tensor for source, _, tensor in (s.partition("/") for s in sources) if source == step.name}
+        outputs = {name: named.get(f"{step.name}/{name}", f"{step.name}/{name}") for name in sorted(read)}
+        steps.append({"model_name": step.model, "model_version": -1, "input_map": inputs, "output_map": outputs})
+    return steps
+
+
+def _ensemble_tensor(source: str) -> str:
+    """The ensemble's name of a step's input: the pipeline's input by its own name, a step's tensor as "STEP/NAME"."""
+    step, _, tensor = source.partition("/")
+    return tensor if step == PIPELINE_INPUT else source

@@ -136,6 +136,30 @@ def test_a_streams_refusals_carry_their_requests_ids(grpc_gateway):
     assert by_id["good"].error_message == "" and by_id["good"].infer_response.model_name == "mlp"
     assert "unknown model 'nope'" in by_id["nowhere"].error_message
     assert by_id["short"].error_message and by_id["short"].infer_response.model_name == "mlp"
+    # Each answer is its request's last, marked as Triton marks it: a client that asked for empty
+    # final responses (tritonclient's enable_empty_final_response) read on for the mark forever.
+    assert all(a.infer_response.parameters["triton_final_response"].bool_param for a in answers), answers
+
+
+def test_tensors_in_shared_memory_are_refused_naming_the_region(grpc_gateway):
+    """An output asked into a shared-memory region was answered inline, as if no region had been
+    named; an input in one was refused as "needs 2048 bytes, got 0"."""
+    import tritonclient.http as triton_http
+
+    for client, module in (
+        (triton_grpc.InferenceServerClient(grpc_gateway.grpc_url), triton_grpc),
+        (triton_http.InferenceServerClient(grpc_gateway.url), triton_http),
+    ):
+        output = module.InferRequestedOutput("y")
+        output.set_shared_memory("out_region", 40)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("mlp", [_tensor("x", np.zeros((1, 512), np.float32), module)], outputs=[output])
+        assert "output 'y' names shared-memory region 'out_region': shared memory is not served here" in refused.value.message()
+        tensor = module.InferInput("x", [1, 512], "FP32")
+        tensor.set_shared_memory("in_region", 2048)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("mlp", [tensor])
+        assert "input 'x' names shared-memory region 'in_region'" in refused.value.message(), refused.value.message()
 
 
 def test_the_data_token_is_metadata_and_health_stays_open(tmp_models):

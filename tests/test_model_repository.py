@@ -149,6 +149,17 @@ def test_a_bad_override_and_an_unknown_model_are_refused_naming_them(repository)
     # Nesting deeper than the parser's recursion is refused as not JSON, as in a body.
     with pytest.raises(InferenceServerException, match=r"parameter 'config' is not valid JSON"):
         client.load_model("small", headers=ADMIN, config="[" * 100_000 + "]" * 100_000)
+    # A model's files in the request (Triton's file:VERSION/NAME) were ignored, and the model on
+    # disk was loaded as if they were it: refused, over both protocols.
+    files = {"file:1/model.onnx": b"not the model on disk"}
+    with pytest.raises(InferenceServerException, match=r"parameter 'file:1/model.onnx': model files sent in a load"):
+        client.load_model("small", headers=ADMIN, config=json.dumps({"sla_ms": 60}), files=files)
+    grpc_client = triton_grpc.InferenceServerClient(repository.grpc_url)
+    with pytest.raises(InferenceServerException, match=r"model files sent in a load request are not accepted") as refused:
+        grpc_client.load_model(
+            "small", headers={k.lower(): v for k, v in ADMIN.items()}, config=json.dumps({"sla_ms": 60}), files=files
+        )
+    assert refused.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
     # The admin token is needed; tritonclient's own index call reads the same list.
     assert requests.post(f"{repository.base}/v2/repository/models/small/load", timeout=10).status_code == 401
     listed = {e["name"]: e["state"] for e in client.get_model_repository_index(headers=ADMIN)}

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -23,6 +25,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import free_port, run_gateway, save_model
+from tests.perf_analyzer import perf_analyzer_for_test
 
 REQUEST_TIMEOUT_MS = 1500
 
@@ -451,3 +454,25 @@ inputs = { s = "first/s" }
         )
         assert _metric(gateway, "strings", "invalid") == 1 and _metric(gateway, "strings", "internal_error") == 0
         assert _metric(gateway, "tags", "invalid") == 1
+
+
+def test_perf_analyzer_measures_a_pipeline(pipeline):
+    """A pipeline's config said platform "ensemble" without Triton's ensemble_scheduling, and
+    perf_analyzer crashed (SIGSEGV) reading it. Its steps are the model steps, their tensors
+    mapped to the pipeline's."""
+    config = requests.get(f"{pipeline.base}/v2/models/quick/config", timeout=10).json()
+    assert config["ensemble_scheduling"]["step"] == [
+        {"model_name": "mlp", "model_version": -1, "input_map": {"x": "first/x"}, "output_map": {"y": "y"}}
+    ]
+    binary, env = perf_analyzer_for_test()
+    done = subprocess.run(
+        [str(binary), "-m", "quick", "-u", pipeline.url, "--shape", "x:1,512", "--measurement-interval", "1000"]
+        + ["--stability-percentage", "100", "--max-trials", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    sent = int(re.search(r"Client: \s+Request count: (\d+)", done.stdout).group(1))
+    assert sent > 0 and _outcomes(pipeline, "quick")["success"] >= sent
