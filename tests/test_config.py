@@ -36,6 +36,8 @@ def test_example_config_loads(example_models):
         ("[models.m]\npath = 'missing.onnx'\nsla_ms = 10\n", "models.m.path", "no ONNX file"),
         ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\nmax_batch = 4\n", "models.m.max_batch", "unknown key"),
         ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { cores = 0 }\n", "models.m.cpu.cores", "positive"),
+        # A period shorter than a control step: the loop never waited, and the gateway never served.
+        ("[control]\nperiod_s = 1e-9\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "control.period_s", "at least 0.01"),
         ("[server]\nport = 70000\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "server.port", "0-65535"),
         ("[node]\ncpu_cores = 2\n", "models", "at least one model"),
         ("[policy]\ncpu_scheduler = 'fifo'\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\n", "policy.cpu_scheduler", "unknown"),

@@ -192,3 +192,21 @@ def test_a_sample_the_pipeline_would_refuse_is_one_line_naming_it(ocr_copy):
     ]:
         said = refused_in_one_line(run_plan(ocr_copy, sample=sample))
         assert said.startswith(f"gateway plan: --sample {ocr_copy / sample}: {words}"), said
+
+
+def test_a_model_of_several_steps_is_planned_the_cores_of_each_and_the_tightest_sla():
+    """Two steps on one model: the plan priced 2 x 0.5 cores, and --apply wrote the last step's
+    0.5 cores, SLA and batch; a step planned at 0.03 ms was written sla_ms = 0.0, which no
+    config loads."""
+    from types import SimpleNamespace
+
+    from gateway.tools.plan import planned_cores, planned_models
+
+    choices = {
+        "s1": SimpleNamespace(device="cpu:0.5", instances=1, batch=4, latency_s=0.0123),
+        "s2": SimpleNamespace(device="cpu:0.5", instances=2, batch=2, latency_s=0.030),
+        "tiny": SimpleNamespace(device="cpu:1", instances=1, batch=1, latency_s=0.00003),
+    }
+    steps = {"s1": "mlp", "s2": "mlp", "tiny": "ident"}
+    assert planned_cores(steps, choices) == {"mlp": 1.5, "ident": 1.0}
+    assert planned_models(steps, choices) == {"mlp": (12.3, 2), "ident": (0.1, 1)}

@@ -37,12 +37,64 @@ def _refused(argv: list[str], capsys) -> str:
             ["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--output", "run.png"],
             "argument --output: 'run.png' is the report's name: give the JSON's (run.json), the report goes beside it",
         ),
+        # Each of these was a traceback, a hang or a run that did something else than asked.
+        (["simulate", "--zoo", ZOO, "--goodput", "--shapes", "nan"], "--shapes 'nan': expected finite numbers over 0"),
+        (["simulate", "--zoo", ZOO, "--goodput", "--shapes", "0.3,-1"], "--shapes '0.3,-1': expected finite numbers"),
+        (["simulate", "--zoo", ZOO, "--goodput", "--tolerance", "1e-300"], "argument --tolerance: '1e-300' must be from 0.0001"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--dispatch-delay-ms", "inf"], "argument --dispatch-delay-ms: 'inf' must"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--dispatch-delay-ms", "-1"], "'-1' must be a finite number of at least 0"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--seed", "-1"], "argument --seed: '-1' must be at least 0"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--output", "{folder}"], "is a folder; give a file's name"),
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--output", "/proc/x.json"], "/proc/x.json cannot be written"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--seed", "-1"], "argument --seed: '-1' must be"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--timeout-ms", "1e300"], "must be from 0.001"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--output", "/proc/x.json"], "cannot be written"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--seconds", "nan"], "argument --seconds: 'nan'"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "0"], "argument --rate: '0' must be a finite number"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--cores", "1"], "'1' is not LOW,HIGH"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--cores", "1,0.5"], "the second larger"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--cores", "abc"], "'abc' is not a number"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "10", "--seconds", "1"], "Cannot connect to host"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--profiles", "x", "--cores", "abc"], "'abc' is not a number"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--profiles", "x", "--cores", "0"], "'0' must be a finite number"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--profiles", "x", "--gpu-price", "-5"], "at least 0"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--profiles", "x", "--functions-ms", "-9"], "at least 0"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--profiles", "http://127.0.0.1:9"], "Connection refused"),
+        (["plan", str(EXAMPLES / "ocr.toml"), "--rate", "8", "--profiles", "nowhere"], "unknown url type"),
     ],
 )
 def test_a_wrong_argument_is_one_line_naming_it(argv, words, capsys, tmp_path):
     zoo = tmp_path / "zoo.csv"
     zoo.write_text("model,alpha_ms,beta_ms,slo_ms\nm,1,2,50\n")
-    assert words in _refused([word.format(zoo=zoo) for word in argv], capsys)
+    assert words in _refused([word.format(zoo=zoo, folder=tmp_path) for word in argv], capsys)
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        # alpha 0 passed, then the goodput's upper bound divided by it.
+        ("m,0,2,50\n", "row 'm' needs model and alpha_ms, beta_ms, slo_ms: finite numbers, alpha and the SLO over 0"),
+        # Merged into one model: half its load was dropped and the goodput reported twice what was served.
+        ("m,1,2,50\nm,1,2,50\n", "model 'm' is listed twice"),
+    ],
+)
+def test_a_zoo_that_would_mislead_is_refused(rows, words, tmp_path, capsys):
+    zoo = tmp_path / "zoo.csv"
+    zoo.write_text("model,alpha_ms,beta_ms,slo_ms\n" + rows)
+    assert words in _refused(["simulate", "--zoo", str(zoo), "--rate", "10"], capsys)
+    zoo.write_bytes(b"model,alpha_ms,beta_ms,slo_ms\n\xff\xfe,1,2,50\n")
+    assert "is not a CSV file of text" in _refused(["simulate", "--zoo", str(zoo), "--rate", "10"], capsys)
+
+
+def test_cpu_profiles_that_are_no_times_or_of_no_model_are_refused(tmp_path, tmp_models, capsys):
+    """nan gave a traceback; -5,-5 counted every request in SLO, served in negative time; a name
+    of no model was ignored."""
+    (tmp_models / "good.toml").write_text("[models.m]\npath = 'mlp.onnx'\nsla_ms = 50\n")
+    (tmp_path / "arrivals.json").write_text('[[0.1, "m"]]')
+    argv = ["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", str(tmp_path / "arrivals.json")]
+    for profile in ("m=nan,1", "m=-5,-5", "m=0,0"):
+        assert "finite numbers of at least 0, not both 0" in _refused([*argv, "--cpu-profile", profile], capsys)
+    assert "--cpu-profile other: not a model of" in _refused([*argv, "--cpu-profile", "other=0.5,1"], capsys)
 
 
 def test_wrong_inputs_are_named(tmp_path, tmp_models, capsys):

@@ -227,8 +227,9 @@ class ControlConfig:
     policy: ControlPolicy = "fixed"
     """fixed (cores as configured), pi (ROMA's CT), feedforward (ours: predicted from the
     measured load, corrected by ROMA's PI), rules, max, min."""
-    period_s: PositiveFloat = 1.0
-    """ROMA's control period."""
+    period_s: Annotated[float, Field(ge=0.01)] = 1.0
+    """ROMA's control period, at least 10 ms: one shorter than a control step takes (1e-9 s) left
+    the loop no moment to wait in, and the gateway never served, nor heard SIGTERM."""
     setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
     """ROMA's alpha: the set point is alpha x SLA."""
     feedforward_setpoint_ratio: Annotated[float, Field(gt=0, le=1)] = FEEDFORWARD_SETPOINT

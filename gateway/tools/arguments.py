@@ -19,6 +19,42 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number of at least 0 (a delay, a price, a time that may be none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of at least 0")
+    return value
+
+
+def share(text: str) -> float:
+    """A number over 0 and under 1 (a set point, a bisection's width as a share of its range)."""
+    value = positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be under 1")
+    return value
+
+
+def positive_floats(text: str) -> list[float]:
+    """A,B,...: finite numbers over 0 (core counts, Gamma shapes)."""
+    values = [positive_float(part) for part in text.split(",")]
+    return values
+
+
+def seed(text: str) -> int:
+    """A random seed: a whole number from 0 (numpy refuses a negative one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number from 1 (GPUs, clients, seeds)."""
     try:
@@ -39,10 +75,20 @@ def existing_file(text: str) -> Path:
 
 
 def output_file(text: str) -> str:
-    """A file to write: its folder must be there already (found out before a run, not after)."""
-    folder = Path(text).parent
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"no folder {folder} to write {text} in")
+    """A file to write: its folder must be there already, writable, and the name no folder's
+    (found out before a run, not after it, when the results would be lost)."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"no folder {path.parent} to write {text} in")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file's name")
+    existed = path.exists()
+    try:  # opened for appending, as the run will write it: nothing of a file there now is lost
+        path.open("ab").close()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: {error.strerror}") from None
+    if not existed:
+        path.unlink()
     return text
 
 

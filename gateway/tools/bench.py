@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import sys
 import time
@@ -23,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from executors.tensors import KSERVE_TO_NUMPY
-from gateway.tools.arguments import json_output_file, positive_float, positive_int, rate_steps, tensor_shape
+from gateway.tools.arguments import json_output_file, positive_float, positive_int, rate_steps, seed, tensor_shape
 
 # Open-loop runs stop adding requests past this many outstanding, so a dead server cannot
 # make the generator eat all memory; such requests are counted as "dropped by client".
@@ -47,6 +48,15 @@ class Outcome:
             self.sent.append(sent)
 
 
+def timeout_ms(text: str) -> float:
+    """A request's own timeout: from 1 µs (the protocol's grain) to a day (1e300 ms was sent as an
+    integer the gateway cannot read, and every request was refused 400)."""
+    value = positive_float(text)
+    if not 0.001 <= value <= 86_400_000:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0.001 to 86400000 ms")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="gateway base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True)
@@ -58,8 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shape", type=tensor_shape, action="append", default=[], help="NAME=D1,D2,... for inputs with free dimensions (else 1)"
     )
-    parser.add_argument("--timeout-ms", type=positive_float, help="each request's own timeout (the protocol's timeout parameter)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--timeout-ms", type=timeout_ms, help="each request's own timeout (the protocol's timeout parameter), 0.001 to 86400000"
+    )
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
         "--output", type=json_output_file, help="write the results as JSON here, and a report beside it (the same name, .png)"
     )
@@ -99,7 +111,8 @@ def request_body(
         inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": data})
     body: dict[str, Any] = {"inputs": inputs}
     if timeout_ms is not None:
-        body["parameters"] = {"timeout": int(timeout_ms * 1000)}  # microseconds, as Triton
+        # Microseconds, as Triton's, rounded up: 0.0001 ms was sent as 0, which is no timeout at all.
+        body["parameters"] = {"timeout": math.ceil(timeout_ms * 1000)}
     return json.dumps(body).encode()
 
 

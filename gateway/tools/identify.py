@@ -19,16 +19,26 @@ import aiohttp
 import numpy as np
 
 from controllers.identification import StepPoint, gain_from_step
+from gateway.tools.arguments import positive_float, positive_floats, share
 from gateway.tools.bench import arrival_times, open_loop, request_body
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="gateway base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--rate", type=float, required=True, help="requests/s held through both steps")
-    parser.add_argument("--cores", default="0.5,1.0", help="LOW,HIGH core allocations")
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per step (the last half is measured)")
-    parser.add_argument("--setpoint-ratio", type=float, default=0.8, help="alpha of the controller")
+    parser.add_argument("--rate", type=positive_float, required=True, help="requests/s held through both steps")
+    parser.add_argument("--cores", type=core_pair, default=(0.5, 1.0), help="LOW,HIGH core allocations")
+    parser.add_argument("--seconds", type=positive_float, default=8.0, help="seconds per step (the last half is measured)")
+    parser.add_argument("--setpoint-ratio", type=share, default=0.8, help="alpha of the controller")
+    parser.add_argument("--token", help="the gateway's admin token, where it has one")
+
+
+def core_pair(text: str) -> tuple[float, float]:
+    """LOW,HIGH: two core allocations, the second larger (k is the slope between them)."""
+    values = positive_floats(text)
+    if len(values) != 2 or values[0] >= values[1]:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LOW,HIGH: two core counts over 0, the second larger")
+    return values[0], values[1]
 
 
 def measured_periods(seconds: float, period_s: float) -> int:
@@ -61,13 +71,16 @@ async def _step(
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     base = args.url.rstrip("/")
-    low, high = (float(c) for c in args.cores.split(","))
-    async with aiohttp.ClientSession() as session:
+    low, high = args.cores
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
+    async with aiohttp.ClientSession(headers=headers) as session:
         async with session.get(f"{base}/v2/models/{args.model}") as response:
             if response.status != 200:
                 raise SystemExit(f"gateway identify: {await response.text()}")
             metadata = await response.json()
         async with session.get(f"{base}/admin/models/{args.model}") as response:
+            if response.status != 200:  # 401 without the admin token
+                raise SystemExit(f"gateway identify: the admin API answered {response.status}: {await response.text()}")
             sla_ms = (await response.json())["sla_ms"]
         body = request_body(metadata, {}, np.random.default_rng(0))
         try:
@@ -82,7 +95,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = asyncio.run(_run(args))
+    try:
+        result = asyncio.run(_run(args))
+    except (aiohttp.ClientError, ValueError) as error:  # ValueError: a URL aiohttp cannot use
+        raise SystemExit(f"gateway identify: {args.url}: {error or type(error).__name__}") from None
     print(json.dumps(result, indent=2))
     print(
         f"\nk = {result['gain']:.2f} per core: put `plant = {{ gain = {result['gain']:.2f} }}` under [models.{result['model']}]"

@@ -48,7 +48,7 @@ import numpy as np
 from executors.tensors import KSERVE_TO_NUMPY, holds_datatype
 from gateway.config import GatewayConfig
 from gateway.pipeline.graph import PipelineGraph
-from gateway.tools.arguments import existing_file, positive_float
+from gateway.tools.arguments import existing_file, non_negative_float, positive_float, positive_floats
 
 POLICIES = ("ours", "fa2", "harpagon", "even")
 DEFAULT_CORES = (0.5, 1.0, 2.0)
@@ -88,11 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--profiles", help="or: a running gateway that has served the pipeline, http://HOST:PORT")
     parser.add_argument("--token", help="its admin token")
     parser.add_argument("--policy", choices=POLICIES, default="ours")
-    parser.add_argument("--cores", default=",".join(f"{c:g}" for c in DEFAULT_CORES), help="core counts a CPU instance may have")
-    parser.add_argument("--gpu-price", type=float, default=8.0, help="a GPU's cost in cores")
+    parser.add_argument("--cores", type=positive_floats, default=list(DEFAULT_CORES), help="core counts a CPU instance may have")
+    parser.add_argument("--gpu-price", type=non_negative_float, default=8.0, help="a GPU's cost in cores")
     parser.add_argument(
         "--functions-ms",
-        type=float,
+        type=non_negative_float,
         help="time the function steps take on a path (default: as measured on --sample, else 0)",
     )
     parser.add_argument(
@@ -114,11 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def fetch_profiles(url: str, models: list[str], token: str | None) -> dict[str, MeasuredModel]:
     measured = {}
     for model in models:
-        request = urllib.request.Request(f"{url.rstrip('/')}/admin/models/{model}")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            described = json.load(response)
+        described = _admin(url, "GET", f"/admin/models/{model}", token)
         profiles = described.get("profiles", {})
         cpu_executors = [e for e in described.get("executors", []) if e.get("device") == "cpu"]
         measured[model] = MeasuredModel(
@@ -374,12 +370,30 @@ def run_planner(policy: str, pipeline: Any) -> dict[str, StepPlan]:
 
 
 def planned_cores(steps: dict[str, str], choices: dict[str, Any]) -> dict[str, float]:
-    """Each model's cores in the plan, instances x cores, for the models planned on CPU instances."""
-    return {
-        model: float(choices[step].device.split(":", 1)[1]) * choices[step].instances
-        for step, model in steps.items()
-        if choices[step].device.startswith("cpu:")
-    }
+    """Each model's cores in the plan, instances x cores, for the models planned on CPU instances:
+    a model that several steps run gets the cores of each (the plan prices them apart; the last
+    step's alone were written)."""
+    cores: dict[str, float] = {}
+    for step, model in steps.items():
+        if choices[step].device.startswith("cpu:"):
+            cores[model] = cores.get(model, 0.0) + float(choices[step].device.split(":", 1)[1]) * choices[step].instances
+    return cores
+
+
+def planned_models(steps: dict[str, str], choices: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """Each model's SLA and batch in the plan: its step's latency (to 0.1 ms, rounded up, so never
+    0 and never under what the plan allows it) and batch; for a model that several steps run, the
+    tightest step's latency and the smallest batch, which every one of its steps fits."""
+    planned: dict[str, tuple[float, int]] = {}
+    for step, model in steps.items():
+        choice = choices[step]
+        sla_ms = math.ceil(round(choice.latency_s * 1000 * 10, 6)) / 10 or 0.1
+        if model in planned:
+            sla_ms, batch = min(sla_ms, planned[model][0]), min(choice.batch, planned[model][1])
+        else:
+            batch = choice.batch
+        planned[model] = (sla_ms, batch)
+    return planned
 
 
 def over_the_node(cores: dict[str, float], node_cores: float) -> str | None:
@@ -409,12 +423,11 @@ def apply(config: GatewayConfig, steps: dict[str, str], choices: dict[str, Any])
         raise SystemExit(f"gateway plan: {problem}: nothing written")
     document = tomlkit.parse(config.source.read_text())
     changed = []
-    for step, model in steps.items():
-        choice = choices[step]
+    for model, (sla_ms, batch) in planned_models(steps, choices).items():
         table = document["models"][model]
-        table["sla_ms"] = round(choice.latency_s * 1000, 1)
-        table["max_batch_size"] = max(int(table.get("max_batch_size", 1)), choice.batch)
-        table["dispatch_batch"] = choice.batch
+        table["sla_ms"] = sla_ms
+        table["max_batch_size"] = max(int(table.get("max_batch_size", 1)), batch)
+        table["dispatch_batch"] = batch
         if model in cores_of:
             cpu_config = config.models[model].cpu
             assert cpu_config is not None  # refused above
@@ -437,15 +450,17 @@ def apply(config: GatewayConfig, steps: dict[str, str], choices: dict[str, Any])
 
 def _admin(url: str, method: str, path: str, token: str | None, body: dict[str, Any] | None = None) -> dict[str, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
+        request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
     except urllib.error.HTTPError as error:
         raise SystemExit(f"gateway plan: {method} {path} answered {error.code}: {error.read().decode()[:300]}") from None
+    except (urllib.error.URLError, OSError, ValueError) as error:  # unreachable; not JSON; a URL without a scheme
+        raise SystemExit(f"gateway plan: {method} {url.rstrip('/')}{path}: {getattr(error, 'reason', error)}") from None
 
 
 def apply_to(url: str, token: str | None, steps: dict[str, str], choices: dict[str, Any]) -> list[str]:
@@ -456,24 +471,24 @@ def apply_to(url: str, token: str | None, steps: dict[str, str], choices: dict[s
     from gateway.routes import SLA_MS_RANGE
 
     wanted = []
-    for step, model in steps.items():
-        choice = choices[step]
+    on_gpu = [step for step in steps if not choices[step].device.startswith("cpu:")]
+    if on_gpu:
+        raise SystemExit(f"gateway plan: step {on_gpu[0]} is planned on a GPU; only CPU plans are set at run time")
+    cores_of = planned_cores(steps, choices)
+    for model, (sla_ms, batch) in planned_models(steps, choices).items():
         described = _admin(url, "GET", f"/admin/models/{model}", token)
-        if not choice.device.startswith("cpu:"):
-            raise SystemExit(f"gateway plan: step {step} is planned on a GPU; only CPU plans are set at run time")
         limit = int(described.get("max_batch_size") or 1)
-        if choice.batch > limit:
+        if batch > limit:
             raise SystemExit(
                 f"gateway plan: model '{model}' takes batches of at most {limit} rows (max_batch_size, fixed at "
-                f"start) and the plan wants {choice.batch}: write it with --apply and restart"
+                f"start) and the plan wants {batch}: write it with --apply and restart"
             )
-        sla_ms = round(choice.latency_s * 1000, 1)
         if not SLA_MS_RANGE[0] <= sla_ms <= SLA_MS_RANGE[1]:
             raise SystemExit(
                 f"gateway plan: model '{model}' is planned an SLA of {sla_ms:g} ms, outside the admin API's "
                 f"{SLA_MS_RANGE[0]:g} to {SLA_MS_RANGE[1]:.0f} ms: nothing set"
             )
-        wanted.append((model, sla_ms, planned_cores({step: model}, choices)[model], choice.batch))
+        wanted.append((model, sla_ms, cores_of[model], batch))
     # The admin API pins at most the node's cores: a model planned more would be refused midway.
     node_cores = float(_admin(url, "GET", "/admin/node", token)["cpu_cores"])
     problem = over_the_node({model: cores for model, _, cores, _ in wanted}, node_cores)
@@ -515,7 +530,7 @@ def run(args: argparse.Namespace) -> int:
         measured = measure_steps(config, graph, sample_inputs(str(args.sample), graph))
     else:
         measured = Measured(fetch_profiles(args.profiles, models, args.token), {})
-    cores = tuple(float(c) for c in args.cores.split(","))
+    cores = tuple(args.cores)
     max_batch = {m: config.models[m].max_batch_size for m in models}
     functions = measured.functions_ms if args.functions_ms is None else args.functions_ms
     # The papers' planners keep the papers' model of evenly spaced arrivals.

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.tools.arguments import existing_file, output_file, positive_float, positive_int
+from gateway.tools.arguments import existing_file, non_negative_float, output_file, positive_float, positive_int, seed
 from schedulers.dispatch import CPU, EPSILON_S, GPU, SPILL_WITHIN, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import BASELINES, DEFAULT_POLICY, POLICIES, GpuScheduler
 from schedulers.profiles import LatencyProfile
@@ -100,22 +100,29 @@ ZOO_COLUMNS = ("alpha_ms", "beta_ms", "slo_ms")
 
 
 def load_zoo(path: Path) -> list[ZooModel]:
-    """A zoo CSV's models; a missing column or a value that is no finite number of at least 0
-    (an SLO over 0) is a SystemExit naming the row."""
-    with path.open() as handle:
-        rows = list(csv.DictReader(handle))
-    zoo = []
+    """A zoo CSV's models; a missing column, a value that is no finite number (alpha and the SLO
+    over 0, beta at least 0: a batch's rows cost time), or a model named twice (its rows were
+    merged, and half its load was dropped) is a SystemExit naming the row."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise SystemExit(f"gateway simulate: {path} is not a CSV file of text: {error}") from None
+    zoo: list[ZooModel] = []
     for row in rows:
         try:
             alpha, beta, slo = (float(row[column]) for column in ZOO_COLUMNS)
-            if not all(math.isfinite(v) and v >= 0 for v in (alpha, beta, slo)) or slo <= 0:
+            if not all(math.isfinite(v) for v in (alpha, beta, slo)) or alpha <= 0 or beta < 0 or slo <= 0:
                 raise ValueError
-            zoo.append(ZooModel(row["model"], alpha, beta, slo))
+            model = ZooModel(row["model"], alpha, beta, slo)
         except (KeyError, TypeError, ValueError):
             raise SystemExit(
                 f"gateway simulate: {path}: row {row.get('model')!r} needs model and {', '.join(ZOO_COLUMNS)}: "
-                "finite numbers of at least 0, an SLO over 0"
+                "finite numbers, alpha and the SLO over 0, beta at least 0"
             ) from None
+        if any(known.name == model.name for known in zoo):
+            raise SystemExit(f"gateway simulate: {path}: model {model.name!r} is listed twice")
+        zoo.append(model)
     if not zoo:
         raise SystemExit(f"gateway simulate: {path} has no models")
     return zoo
@@ -452,6 +459,12 @@ def simulate_config(
             f"gateway simulate: the arrivals name {', '.join(map(repr, unknown))}, not a model of {config_path} "
             f"(its models: {', '.join(config.models)})"
         )
+    strangers = sorted(set(cpu_profiles) - set(config.models))
+    if strangers:
+        raise SystemExit(
+            f"gateway simulate: --cpu-profile {', '.join(strangers)}: not a model of {config_path} "
+            f"(its models: {', '.join(config.models)})"
+        )
     gpu_only = sorted(name for name in cpu_profiles if name in config.models and config.models[name].cpu is None)
     if gpu_only:
         raise SystemExit(f"gateway simulate: --cpu-profile {', '.join(gpu_only)}: no CPU executor (cpu_executor = false)")
@@ -520,9 +533,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_POLICY} and the baselines {', '.join(BASELINES)})",
     )
     parser.add_argument("--duration", type=positive_float, default=10.0, help="virtual seconds per run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
-        "--dispatch-delay-ms", type=float, default=0.0, metavar="MEAN",
+        "--dispatch-delay-ms", type=non_negative_float, default=0.0, metavar="MEAN",
         help="mean of the exponential delay from the core's Start to the GPU executor; a batch received after its "
         "latest start is refused (Clockwork's late action) and its requests go back to the queue (default 0)",
     )  # fmt: skip
@@ -531,8 +544,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     goodput.add_argument("--goodput", action="store_true", help="measure Symphony's goodput (see above) instead of one rate")
     goodput.add_argument("--shapes", default=GOODPUT_SHAPES, help="Gamma shapes, comma-separated; 'poisson' for none")
     goodput.add_argument("--seeds", type=positive_int, default=3, help="seeds per point: a bisection each (default 3)")
-    goodput.add_argument("--tolerance", type=positive_float, default=0.01, help="bisection width, a share of the upper bound")
+    goodput.add_argument(
+        "--tolerance", type=tolerance, default=0.01, help="bisection width, a share of the upper bound (0.0001 to 0.5)"
+    )
     goodput.add_argument("--jobs", type=positive_int, default=2, help="processes running the independent runs (default 2)")
+
+
+def tolerance(text: str) -> float:
+    """The bisection's width: from 0.0001 (a bracket narrower than the floats can tell apart was
+    never reached, and the bisection never ended) to 0.5 of the upper bound."""
+    value = positive_float(text)
+    if not 1e-4 <= value <= 0.5:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0.0001 to 0.5")
+    return value
 
 
 def _cpu_profiles(specs: list[str]) -> dict[str, tuple[float, float]]:
@@ -541,8 +565,13 @@ def _cpu_profiles(specs: list[str]) -> dict[str, tuple[float, float]]:
         name, _, numbers = spec.partition("=")
         try:
             per_item, fixed = (float(x) for x in numbers.split(","))
+            if not (math.isfinite(per_item) and math.isfinite(fixed)) or per_item < 0 or fixed < 0 or per_item + fixed <= 0:
+                raise ValueError
         except ValueError:
-            raise SystemExit(f"gateway simulate: --cpu-profile {spec!r}: expected MODEL=PER_ITEM_MS,FIXED_MS") from None
+            raise SystemExit(
+                f"gateway simulate: --cpu-profile {spec!r}: expected MODEL=PER_ITEM_MS,FIXED_MS, "
+                "finite numbers of at least 0, not both 0"
+            ) from None
         profiles[name] = (per_item, fixed)
     return profiles
 
@@ -593,9 +622,14 @@ def _policies(spec: str | None, default: Iterable[str]) -> list[str]:
 
 def _shapes(spec: str) -> list[float | None]:
     try:
-        return [None if word.strip().lower() == "poisson" else float(word) for word in spec.split(",")]
+        shapes = [None if word.strip().lower() == "poisson" else float(word) for word in spec.split(",")]
+        if any(s is not None and (not math.isfinite(s) or s <= 0) for s in shapes):
+            raise ValueError
     except ValueError:
-        raise SystemExit(f"gateway simulate: --shapes {spec!r}: expected numbers or 'poisson', comma-separated") from None
+        raise SystemExit(
+            f"gateway simulate: --shapes {spec!r}: expected finite numbers over 0 or 'poisson', comma-separated"
+        ) from None
+    return shapes
 
 
 def _run_goodput(args: argparse.Namespace) -> int:
