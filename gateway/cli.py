@@ -190,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(args.log_level, args.log_format, args.access_log)
     else:
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        try:
+            return args.run(args)
+        except KeyboardInterrupt:  # Ctrl-C ends a tool's run: a line, not a traceback
+            print(f"gateway {args.command}: interrupted", file=sys.stderr)
+            return 130
     return args.run(args)
 
 
