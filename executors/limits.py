@@ -36,6 +36,7 @@ import contextlib
 import logging
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -296,33 +297,41 @@ class CgroupActuator:
 
 
 class AffinityActuator:
-    """The fallback: the process is pinned to ceil(cores) of the CPUs the gateway may use."""
+    """The fallback: the process is pinned to ceil(cores) of the CPUs the gateway may use, those
+    the fewest other executors are pinned to (each executor on the first CPUs put every executor
+    of a core or less on CPU 0: the cores they were counted could not all be used)."""
 
     name = "affinity"
 
     def __init__(self) -> None:
         self._cpus = sorted(psutil.Process().cpu_affinity() or range(os.cpu_count() or 1))
         self._pids: dict[str, int] = {}
+        self._pinned: dict[str, list[int]] = {}  # executor -> the CPUs it was given
 
     def attach(self, executor_id: str, pid: int) -> None:
         self._pids[executor_id] = pid
 
     def detach(self, executor_id: str) -> None:
         self._pids.pop(executor_id, None)
+        self._pinned.pop(executor_id, None)
 
     def enforced(self, cores: float) -> float:
         return float(min(len(self._cpus), max(1, math.ceil(cores - 1e-9))))
 
     def apply(self, executor_id: str, cores: float) -> float:
         count = int(self.enforced(cores))
+        others = Counter(cpu for other, cpus in self._pinned.items() if other != executor_id for cpu in cpus)
+        cpus = sorted(sorted(self._cpus, key=lambda cpu: (others[cpu], cpu))[:count])
+        self._pinned[executor_id] = cpus
         pid = self._pids.get(executor_id)
         if pid is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).cpu_affinity(self._cpus[:count])
+                psutil.Process(pid).cpu_affinity(cpus)
         return float(count)
 
     def close(self) -> None:
         self._pids.clear()
+        self._pinned.clear()
 
 
 def make_actuator(kind: str = "auto", period_us: int = CFS_PERIOD_US, root: Path = CGROUP_ROOT) -> Actuator:

@@ -168,14 +168,24 @@ class ControlLoop:
         self.supervisor.replace(name, controller, demand, self.clock(), min_cores=floor_cores(controller, model))
         self._apply(self.supervisor.grant())
 
-    def set_aside(self, cores: float) -> float:
-        """Keep ``cores`` (at most what CPU executors may have) out of the arbitration, the other
-        models' grants fitted at once: a model being loaded starts and is profiled on them before
-        it joins (``add_model``). Started on its configured cores beside grants that filled the
-        node, it took the node past its cores until then. The cores set aside."""
-        cores = min(cores, max(0.0, self.supervisor.node_cores - self.supervisor.reserved_cores))
-        self.supervisor.reserved_cores += cores
-        self._apply(self.supervisor.grant())
+    def set_aside(self, cores: float, min_cores: float) -> float:
+        """Keep ``cores`` out of the arbitration, the other models' grants fitted at once: a model
+        being loaded starts and is profiled on them before it joins (``add_model``). Started on its
+        configured cores beside grants that filled the node, it took the node past its cores until
+        then. At most what the other models' minimums leave (all of a model's 2 cores set aside on
+        a node of 2 held a serving model at 0 cores while it loaded); where that is under the new
+        model's own ``min_cores``, the minimums cannot all be held and the load is refused (400).
+        The cores set aside."""
+        supervisor = self.supervisor
+        room = supervisor.node_cores - supervisor.reserved_cores - supervisor.floors()
+        if room < min_cores - 1e-9:  # a float's rounding is no shortfall
+            raise InvalidRequest(
+                f"the node's cores ({supervisor.node_cores:g}, node.cpu_cores) hold the served models' minimums "
+                f"and leave {max(0.0, room):.3g}, under this model's min_cores of {min_cores:g}"
+            )
+        cores = max(min_cores, min(cores, room))
+        supervisor.reserved_cores += cores
+        self._apply(supervisor.grant())
         return cores
 
     def give_back(self, cores: float) -> None:

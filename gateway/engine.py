@@ -644,15 +644,15 @@ class Engine:
             raise InvalidRequest(PIPELINE_FIXED.format(name=model.name))
         if model.name in self.models:
             await self._unload_model(model.name)
+        # Its cores come out of the other models' grants before it starts: the node's grants
+        # never add up past its cores while it starts and is profiled (refused, nothing is left).
+        aside = self.control.set_aside(model.cpu.cores, model.cpu.min_cores)
         runtime = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=[])
         executor = self.node.cpu_executor(model, self._socket_dir, self._on_executor_change)
         self.executors[executor.id] = executor
         self.core.add_executor(executor.id, CPU, model.name)
         runtime.executors.append(executor)
-        # Its cores come out of the other models' grants before it starts: the node's grants
-        # never add up past its cores while it starts and is profiled.
-        aside = self.control.set_aside(model.cpu.cores)
-        executor.cores = aside or model.cpu.cores
+        executor.cores = aside
         try:
             await executor.start()
             runtime.signature = _servable(model.name, executor.signatures[model.name])

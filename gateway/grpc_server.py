@@ -528,6 +528,9 @@ async def start_grpc(handlers: Handlers, host: str, port: int, tracer: RequestTr
             # within header_timeout_s, and beyond the cap new connections are closed.
             ("grpc.server_handshake_timeout_ms", round(config.header_timeout_s * 1000)),
             ("grpc.max_allowed_incoming_connections", connection_cap(config.max_connections, descriptor_limit(), 2)),
+            # gRPC binds with SO_REUSEPORT by default: a second gateway on the same port started,
+            # and the two split the calls between them. Taken, the port is an error, as HTTP's is.
+            ("grpc.so_reuseport", 0),
         ],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers, tracer), server)

@@ -78,6 +78,11 @@ class NodeSupervisor:
         self._pending[name] = Window()
         self._due[name] = now + controller.period_s
 
+    def floors(self) -> float:
+        """The cores the arbitration promises the models now, whatever the others ask: each one's
+        minimum, or its demand where that is lower."""
+        return sum(max(0.0, min(demand, self.min_cores.get(name, 0.0))) for name, demand in self._demands.items())
+
     def remove(self, name: str) -> None:
         """A model unloaded at run time: its cores go back to the others at the next grant."""
         for table in (self.controllers, self._demands, self.min_cores, self.deficits, self._pending, self._due):

@@ -27,6 +27,7 @@ from gateway.config import (
     ServerConfig,
 )
 from gateway.control import ControlLoop
+from gateway.protocol import InvalidRequest
 from supervisor.arbitration import arbitrate
 from supervisor.node import NodeSupervisor, Window
 
@@ -258,6 +259,21 @@ def test_control_loop_fits_initial_cores_to_the_node_with_each_models_minimum():
     config = gateway_config(model("big", cores=3.5), model("small", cores=0.5, min_cores=0.5))
     loop = ControlLoop(config, measure=dict, set_cores=lambda name, cores: None, clock=lambda: 0.0)
     assert loop.initial_cores == pytest.approx({"big": 1.5, "small": 0.5})
+
+
+def test_cores_set_aside_for_a_loading_model_leave_every_served_model_its_minimum():
+    """A model of 2 cores loaded on a node of 2: all of them were set aside, and a served model
+    with min_cores 0.5 was granted 0 cores while the new one started and was profiled."""
+    config = gateway_config(model("served", cores=1.0, min_cores=0.5), policy="fixed")
+    io = Recorder()
+    loop = ControlLoop(config, measure=io.measure, set_cores=io.set_cores, clock=lambda: 0.0)
+    aside = loop.set_aside(2.0, min_cores=0.1)
+    assert aside == pytest.approx(1.5) and io.cores["served"] == pytest.approx(0.5)
+    loop.give_back(aside)
+    # A new model whose own minimum the others' minimums leave no room for is refused, and nothing is set aside.
+    with pytest.raises(InvalidRequest, match="leave 1.5, under this model's min_cores of 1.6"):
+        loop.set_aside(2.0, min_cores=1.6)
+    assert loop.supervisor.reserved_cores == 0.0 and io.cores["served"] == pytest.approx(1.0)
 
 
 def test_control_loop_says_when_the_minimums_do_not_fit(caplog):

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import grpc
@@ -380,3 +381,20 @@ def test_an_answer_to_a_call_that_has_ended_leaves_no_error_in_the_log(caplog):
         grpc_log.error("ExecuteBatchError raised in core by servicer method [/inference.GRPCInferenceService/ModelInfer]")
         grpc_log.error("something else went wrong")
     assert [r.getMessage() for r in caplog.records] == ["something else went wrong"]
+
+
+def test_a_second_gateway_on_a_grpc_port_in_use_exits_saying_so(grpc_gateway, tmp_models):
+    """gRPC binds with SO_REUSEPORT by default: a second gateway on the same gRPC port started,
+    and the two answered the calls between them. Its HTTP port taken, a gateway exits; so now
+    for its gRPC port."""
+    (tmp_models / "config.toml").write_text("[models.mlp]\npath = 'mlp.onnx'\nsla_ms = 100\n")
+    port = grpc_gateway.grpc_url.rpartition(":")[2]
+    second = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", str(tmp_models / "config.toml"), "--port", str(free_port())]
+        + ["--grpc-port", port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 1, second.stderr[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port} (gRPC)" in second.stderr

@@ -220,6 +220,27 @@ def test_cpu_affinity_counts_the_whole_cpus_it_pins(sleeper):
     assert actuator.apply("cpu-a", available + 3) == available
 
 
+second_sleeper = python_process("import time; time.sleep(60)")
+
+
+def test_cpu_affinity_spreads_executors_over_the_cpus(sleeper, second_sleeper):
+    """Each executor was pinned to the first CPUs: two of 0.9 cores each both ran on CPU 0, so
+    the 1 + 1 enforced cores counted were one CPU's worth."""
+    available = psutil.Process().cpu_affinity()
+    if len(available) < 2:
+        pytest.fail("this test needs a process that may run on two CPUs")
+    actuator = AffinityActuator()
+    actuator.attach("cpu-a", sleeper.pid)
+    actuator.attach("cpu-b", second_sleeper.pid)
+    assert actuator.apply("cpu-a", 0.9) == actuator.apply("cpu-b", 0.9) == 1.0
+    first, second = psutil.Process(sleeper.pid).cpu_affinity(), psutil.Process(second_sleeper.pid).cpu_affinity()
+    assert len(first) == len(second) == 1 and first != second
+    actuator.detach("cpu-a")  # its CPU is free again: the next executor is given it
+    actuator.attach("cpu-a", sleeper.pid)
+    actuator.apply("cpu-a", 0.5)
+    assert psutil.Process(sleeper.pid).cpu_affinity() != second
+
+
 def test_an_executor_reports_the_cores_its_actuator_will_enforce(tmp_path):
     def executor(**options) -> ProcessExecutor:
         return ProcessExecutor("cpu-m", {"m": Path("m.onnx")}, device="cpu", threads=1, socket_dir=tmp_path, **options)
