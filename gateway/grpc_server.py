@@ -145,7 +145,8 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
         raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
     inputs, blobs = [], []
     for i, tensor in enumerate(request.inputs):
-        refuse_shared_memory({k: _parameter_value(v) for k, v in tensor.parameters.items()}, f"input '{tensor.name}'")
+        if "shared_memory_region" in tensor.parameters:  # looked up only where named: a tensor's usual path builds nothing
+            refuse_shared_memory({k: _parameter_value(v) for k, v in tensor.parameters.items()}, f"input '{tensor.name}'")
         if raw:
             if tensor.contents.ByteSize():  # the protocol's rule: one or the other, never both
                 raise InvalidRequest(f"input '{tensor.name}': contents must not be given when raw_input_contents are")
