@@ -78,3 +78,23 @@ def perf_analyzer_for_test() -> tuple[Path, dict[str, str]]:
         if os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true":
             pytest.fail(f"perf_analyzer is required here: {missing}")
         pytest.skip(f"perf_analyzer cannot run here: {missing}")
+
+
+def run_perf_analyzer_for_test(*options: str, trials: int = 5, interval_ms: int = 1000) -> tuple[str, int]:
+    """perf_analyzer with ``options`` (the model, the URL, ...) until stable or ``trials`` are
+    done; the test fails where it exits non-zero. Its output, and the requests it counted sent."""
+    import re
+    import subprocess
+
+    binary, env = perf_analyzer_for_test()
+    done = subprocess.run(
+        [str(binary), *options, "--measurement-interval", str(interval_ms), "--stability-percentage", "100"]
+        + ["--max-trials", str(trials)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    sent = re.search(r"Client: \s+Request count: (\d+)", done.stdout)
+    return done.stdout, int(sent.group(1)) if sent else 0

@@ -5,7 +5,6 @@ codes and the HTTP words, the data token as metadata, and the typed contents of 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import EXAMPLES, free_port, run_gateway, write_config
-from tests.perf_analyzer import perf_analyzer_for_test
+from tests.perf_analyzer import run_perf_analyzer_for_test
 
 # Free dimensions: a batch of 2, and 32 for the others (PP-OCR's detector needs multiples of 32).
 SHAPES = {"mlp": [2, 512], "cnn_small": [2, 3, 32, 32], "cnn_large": [2, 3, 64, 64], "ppocr_det": [1, 3, 64, 96]}
@@ -322,18 +321,10 @@ def test_a_stream_of_requests_is_answered_each_once(grpc_gateway):
 
 def test_perf_analyzer_streams_over_grpc(grpc_gateway):
     """perf_analyzer -i grpc --streaming: its requests are all answered, none refused."""
-    binary, env = perf_analyzer_for_test()
     before = grpc_gateway.admin("mlp")["stats"]["outcomes"]
-    done = subprocess.run(
-        [str(binary), "-m", "mlp", "-u", grpc_gateway.grpc_url, "-i", "grpc", "--streaming", "--concurrency-range", "4"]
-        + ["--measurement-interval", "1000", "--stability-percentage", "100", "--max-trials", "5"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    _, sent = run_perf_analyzer_for_test(
+        "-m", "mlp", "-u", grpc_gateway.grpc_url, "-i", "grpc", "--streaming", "--concurrency-range", "4"
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    sent = int(re.search(r"Client: \s+Request count: (\d+)", done.stdout).group(1))
     after = grpc_gateway.admin("mlp")["stats"]["outcomes"]
     assert sent > 0 and after["success"] - before.get("success", 0) >= sent
     assert {k: v - before.get(k, 0) for k, v in after.items() if k != "success" and v != before.get(k, 0)} == {}

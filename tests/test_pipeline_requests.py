@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 
@@ -25,7 +23,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from tests.helpers import free_port, run_gateway, save_model
-from tests.perf_analyzer import perf_analyzer_for_test
+from tests.perf_analyzer import run_perf_analyzer_for_test
 
 REQUEST_TIMEOUT_MS = 1500
 
@@ -464,15 +462,5 @@ def test_perf_analyzer_measures_a_pipeline(pipeline):
     assert config["ensemble_scheduling"]["step"] == [
         {"model_name": "mlp", "model_version": -1, "input_map": {"x": "first/x"}, "output_map": {"y": "y"}}
     ]
-    binary, env = perf_analyzer_for_test()
-    done = subprocess.run(
-        [str(binary), "-m", "quick", "-u", pipeline.url, "--shape", "x:1,512", "--measurement-interval", "1000"]
-        + ["--stability-percentage", "100", "--max-trials", "3"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    sent = int(re.search(r"Client: \s+Request count: (\d+)", done.stdout).group(1))
+    _, sent = run_perf_analyzer_for_test("-m", "quick", "-u", pipeline.url, "--shape", "x:1,512", trials=3)
     assert sent > 0 and _outcomes(pipeline, "quick")["success"] >= sent

@@ -8,12 +8,27 @@ import math
 from pathlib import Path
 
 
-def positive_float(text: str) -> float:
-    """A finite number over 0 (a rate, a duration, a Gamma shape)."""
+def _number(text: str) -> float:
+    """``text`` as a float (inf and NaN too: each caller says what it takes)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least {least}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number over 0 (a rate, a duration, a Gamma shape)."""
+    value = _number(text)
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number over 0")
     return value
@@ -21,10 +36,7 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     """A finite number of at least 0 (a delay, a price, a time that may be none)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _number(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of at least 0")
     return value
@@ -40,30 +52,17 @@ def share(text: str) -> float:
 
 def positive_floats(text: str) -> list[float]:
     """A,B,...: finite numbers over 0 (core counts, Gamma shapes)."""
-    values = [positive_float(part) for part in text.split(",")]
-    return values
+    return [positive_float(part) for part in text.split(",")]
 
 
 def seed(text: str) -> int:
     """A random seed: a whole number from 0 (numpy refuses a negative one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
-    return value
+    return _whole(text, 0)
 
 
 def positive_int(text: str) -> int:
     """A whole number from 1 (GPUs, clients, seeds)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+    return _whole(text, 1)
 
 
 def existing_file(text: str) -> Path:
