@@ -228,6 +228,41 @@ def test_the_page_draws_every_model_and_changes_an_sla(gateway, tmp_path):
 
 
 # What the page's charts hold (gateway/ui/static/live.js keeps them in window.gatewayLive).
-_SERVED_SECONDS = "return gatewayLive.charts[arguments[0]].load.data[1].filter(v => v > 0).length"
-_SERIES_LABELS = "return gatewayLive.charts[arguments[0]].rt.series.map(s => s.label)"
-_SLA_LINE = "const d = gatewayLive.charts[arguments[0]].rt.data[3]; return d[d.length - 1]"
+_SERVED_SECONDS = "return gatewayLive.modelCharts.get(arguments[0]).load.data[1].filter(v => v > 0).length"
+_SERIES_LABELS = "return gatewayLive.modelCharts.get(arguments[0]).rt.series.map(s => s.label)"
+_SLA_LINE = "const d = gatewayLive.modelCharts.get(arguments[0]).rt.data[3]; return d[d.length - 1]"
+_NODE_CORES = "return gatewayLive.charts.node.cores.data[3].filter(v => v > 0).length"
+
+
+def test_models_named_as_the_node_and_the_gpus_are_drawn_beside_them(tmp_path, example_models):
+    """The page kept the node's and the GPUs' charts in the object of the models' charts: a model
+    named "gpus" replaced the GPUs' charts and every refresh threw a TypeError (no card drawn),
+    and one named "node" replaced the node's cores chart with its own."""
+    for name in ("node", "gpus"):
+        shutil.copy(example_models / "mlp.onnx", tmp_path / f"{name}.onnx")
+    (tmp_path / "config.toml").write_text(
+        f'[node]\ncpu_cores = 1.0\ngpus = [0]\n\n[gpu]\nexecutor = "emulated"\nprofile = "{PROFILE}"\n\n'
+        '[models.node]\npath = "node.onnx"\nsla_ms = 100\ngpu_profile = "mlp"\n\n'
+        '[models.gpus]\npath = "gpus.onnx"\nsla_ms = 100\ngpu_profile = "mlp"\n'
+    )
+    options, service, webdriver = _chromium()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    with run_gateway(tmp_path / "config.toml") as running:
+        driver = webdriver.Chrome(options=options, service=service)
+        try:
+            driver.get(f"{running.base}/ui")
+
+            def drawn(d) -> bool:
+                cards = d.find_elements(By.CSS_SELECTOR, "section.model[data-drawn]")
+                return len(cards) == 2 and int(d.find_element(By.TAG_NAME, "body").get_attribute("data-draws") or 0) >= 3
+
+            WebDriverWait(driver, 20, poll_frequency=0.2).until(drawn)
+            assert "unreachable" not in driver.find_element(By.ID, "status").text
+            assert driver.execute_script(_NODE_CORES) >= 1  # the node's own line: its cores, 1.0
+            for name in ("node", "gpus"):
+                assert driver.execute_script(_SERIES_LABELS, name) == ["s", "mean", "p99", "SLA"]
+        finally:
+            driver.quit()

@@ -19,7 +19,8 @@ const TILE_HELP = {
 };
 const GPU_COLORS = ["#0a8a8a", "#8250df", "#bc4c00", "#1f6feb", "#1a7f37", "#d1242f", "#6e4b00", "#57606a"];
 
-const state = { charts: {}, models: [], gpus: [], last: null, draws: 0 };
+// The node's and the GPUs' charts, and each model's apart: a model may be named "node" or "gpus".
+const state = { charts: {}, modelCharts: new Map(), models: [], gpus: [], last: null, draws: 0 };
 window.gatewayLive = state;  // for whoever inspects the page (the tests do)
 
 const $ = (selector, root = document) => root.querySelector(selector);
@@ -210,13 +211,13 @@ function buildModel(model, doc) {
     $(".chart-cores", card).append(el("div", { class: "muted note" }, model.cpu_executor
       ? "cores are controlled on the workers" : "served on the GPUs only: no CPU cores to control"));
   }
-  state.charts[model.name] = charts;
+  state.modelCharts.set(model.name, charts);
 }
 
 function drawModel(model, doc) {
   const card = $(`section.model[data-model="${CSS.escape(model.name)}"]`);
   const s = model.series;
-  const charts = state.charts[model.name];
+  const charts = state.modelCharts.get(model.name);
   const mean = lastOf(s.mean_rt_ms);
   const p99 = lastOf(s.p99_rt_ms);
   const shown = mean ?? model.mean_rt_ms;
@@ -278,8 +279,11 @@ function layoutChanged(doc) {
 
 function draw(doc) {
   if (layoutChanged(doc)) {
-    for (const group of Object.values(state.charts)) for (const u of Object.values(group)) if (u && u.destroy) u.destroy();
+    for (const group of [...Object.values(state.charts), ...state.modelCharts.values()]) {
+      for (const u of Object.values(group)) if (u && u.destroy) u.destroy();
+    }
     state.charts = {};
+    state.modelCharts = new Map();
     $("#models").replaceChildren();
     doc.node.period_s = doc.period_s;
     buildNode(doc);
