@@ -179,6 +179,13 @@ def test_a_pipeline_ends_by_its_deadline_not_each_step_by_its_own(pipeline):
     assert late.status_code == 504, late.text
     assert late.json()["error"] == "pipeline 'waits', step 'pause': the pipeline's request timed out after 100 ms"
     assert took < 0.3 + 1.0, took
+    # A timeout over before the function step begins: a 504 too, counted so (it was a 500, the
+    # deadline's refusal taken for the function's own failure).
+    before = _metric(pipeline, "waits", "timeout")
+    tight, _ = _infer(pipeline, 0.0, timeout=1)
+    assert tight.status_code == 504, tight.text
+    assert tight.json()["error"] == "pipeline 'waits', step 'pause': the pipeline's request timed out after 0.001 ms"
+    assert _metric(pipeline, "waits", "timeout") == before + 1
     # The server's limit for the whole pipeline: the function step takes most of it, the model
     # step gets what is left (its queue times it out), not 1.5 s of its own.
     pipeline_timeouts = _metric(pipeline, "waits", "timeout")

@@ -161,8 +161,9 @@ class PipelineRuntime:
             return await self._model_step(engine, step, arrays, deadline, priority)
         function = self.functions[step.name]
         where = f"pipeline '{self.name}', step '{step.name}'"
+        left_s = deadline.left_s(where)  # past it, a 504: inside the try below it was taken for the function's failure (500)
         try:
-            async with asyncio.timeout(deadline.left_s(where)):
+            async with asyncio.timeout(left_s):
                 outputs = await asyncio.get_running_loop().run_in_executor(self.threads, _call, function, arrays)
         except TimeoutError:
             raise deadline.passed(where) from None
