@@ -105,7 +105,9 @@ def model_config(config: GatewayConfig, name: str, table: dict[str, Any]) -> Mod
         raise InvalidRequest(f"model config: {key}: {problem}") from None
     cpu_models = sum(m.cpu is not None for m in config.models.values()) + 1
     try:
-        return _model(config.source, name, checked, config.server, config.node, config.gpu, config.node.cpu_cores / cpu_models)
+        default_cores = config.node.cpu_cores / cpu_models
+        # Served by its CPU executor alone (Engine._load_model): an emulated GPU's profile has no say.
+        return _model(config.source, name, checked, config.server, config.node, config.gpu, default_cores, on_gpus=False)
     except ConfigError as error:
         raise InvalidRequest(f"model config: {str(error).partition(': ')[2]}") from None
 

@@ -210,3 +210,17 @@ def test_a_gpu_only_model_on_a_node_without_gpus_stops_serve(tmp_path, example_m
     )
     assert done.returncode != 0
     assert f"{path}: models.gpu_only.cpu_executor: false needs GPUs (node.gpus)" in done.stderr
+
+
+def test_a_repository_model_loads_beside_emulated_gpus(gateway, config):
+    """A model loaded at run time is served by its CPU executor alone, yet the load was refused 400
+    "gpu.csv has no row 'solo'" on a node with emulated GPUs."""
+    (config.parent / "solo" / "1").mkdir(parents=True)
+    shutil.copy(config.parent / "mlp.onnx", config.parent / "solo" / "1" / "model.onnx")
+    loaded = requests.post(f"{gateway.base}/v2/repository/models/solo/load", timeout=120)
+    assert loaded.status_code == 200, loaded.text
+    try:
+        served = requests.post(f"{gateway.base}/v2/models/solo/infer", json=BODY, timeout=30)
+        assert served.status_code == 200 and served.json()["parameters"]["executed_on"] == "cpu", served.text
+    finally:
+        requests.post(f"{gateway.base}/v2/repository/models/solo/unload", timeout=60)

@@ -397,8 +397,17 @@ def _gpu(source: Path, table: GpuTable, node: NodeConfig, base: Path) -> GpuConf
 
 
 def _model(
-    source: Path, name: str, table: ModelTable, server: ServerConfig, node: NodeConfig, gpu: GpuConfig, default_cores: float
+    source: Path,
+    name: str,
+    table: ModelTable,
+    server: ServerConfig,
+    node: NodeConfig,
+    gpu: GpuConfig,
+    default_cores: float,
+    on_gpus: bool = True,
 ) -> ModelConfig:
+    """``on_gpus``: the node's GPUs serve the model too (a model loaded at run time is served by
+    its CPU executor alone, so an emulated GPU needs no profile row for it)."""
     key = f"models.{name}"
     _check_url_name(source, key, name)
     if "\0" in str(table.path):
@@ -424,9 +433,9 @@ def _model(
             source, f"{key}.default_priority", f"{table.default_priority} is over priority_levels ({table.priority_levels})"
         )
     row = table.gpu_profile or name
-    if gpu.executor == "emulated" and node.gpus and row not in gpu.profiles:
+    if on_gpus and gpu.executor == "emulated" and node.gpus and row not in gpu.profiles:
         raise ConfigError(source, f"{key}.gpu_profile", f"{gpu.profile} has no row {row!r} for this model")
-    if gpu.memory_mb is not None and node.gpus:
+    if on_gpus and gpu.memory_mb is not None and node.gpus:
         if gpu.executor == "emulated" and row not in gpu.footprints:
             raise ConfigError(
                 source, "gpu.memory_mb", f"{gpu.profile} needs the columns memory_mb and load_ms for model {name!r} (row {row!r})"
