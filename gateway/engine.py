@@ -712,6 +712,7 @@ class Engine:
             self.config.models.pop(name, None)
             del self.models[name]
             self.metrics.forget(name, [(e.id, e.device) for e in runtime.executors])
+            self.live.forget(name)  # a reload starts its seconds anew, as its statistics and /metrics do
         finally:
             del self.unloading[name]
         log.info("model %s: unloaded", name)
@@ -856,7 +857,8 @@ class Engine:
             out_of_slo = ended_out_of_slo(outcome, rt_ms, runtime.sla_ms)
             if out_of_slo is not None:
                 self.gpu_cluster.request_ended(now, out_of_slo)
-        self.live.request_ended(runtime.name, now, outcome, rt_ms, runtime.sla_ms, device)
+        if series is not None:  # still served: an unloaded model's seconds are not brought back
+            self.live.request_ended(runtime.name, now, outcome, rt_ms, runtime.sla_ms, device)
         if rt_ms is not None:
             if rt_ms > runtime.sla_ms and series is not None:
                 series.violations.inc()

@@ -491,7 +491,9 @@ class Handlers:
 
     # -- admin ------------------------------------------------------------------------------
     async def admin_models(self, request: web.Request) -> web.Response:
-        return web.json_response({"models": [self.engine.describe(r) for r in self.engine.models.values()]})
+        # As each is reached by its own route (``listed``): not one being loaded or unloaded.
+        listed = [r for key, r in self.engine.models.items() if self.engine.listed(key) is not None]
+        return web.json_response({"models": [self.engine.describe(r) for r in listed]})
 
     async def admin_model(self, request: web.Request) -> web.Response:
         return web.json_response(self.engine.describe(self._model(request)))

@@ -149,6 +149,10 @@ class LiveSeries:
         self.models: dict[str, SecondRing[ModelSecond]] = {}
         self.node: SecondRing[NodeSecond] = SecondRing(NodeSecond, seconds)
 
+    def forget(self, model: str) -> None:
+        """A model unloaded: its seconds go with it."""
+        self.models.pop(model, None)
+
     def _model(self, model: str, now: float) -> ModelSecond | None:
         ring = self.models.get(model)
         if ring is None:
