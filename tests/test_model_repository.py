@@ -518,6 +518,54 @@ def test_a_versions_own_name_is_no_model_while_its_versions_load_or_unload(repos
     assert len(seen) > 10 and set(seen) == {404}, seen
 
 
+def _live_requests(gateway, model: str) -> int | None:
+    live = requests.get(f"{gateway.base}/admin/live?seconds=600", headers=ADMIN, timeout=10).json()
+    found = [m for m in live["models"] if m["name"] == model]
+    return sum(v or 0 for v in found[0]["series"]["requests"]) if found else None
+
+
+SMALL_BODY = {"inputs": [{"name": "x", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.25] * 3072}]}
+
+
+def test_a_reloaded_model_starts_its_live_seconds_anew(repository):
+    """The live page's seconds of an unloaded model were kept: loaded again, it showed the
+    requests of the one before (30 where its statistics and /metrics said 0)."""
+    base = f"{repository.base}/v2/repository/models/small"
+    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
+    for _ in range(5):
+        assert requests.post(f"{repository.base}/v2/models/small/infer", json=SMALL_BODY, timeout=30).status_code == 200
+    wait_for(lambda: _live_requests(repository, "small") == 5, 5, "the five requests in small's live seconds")
+    requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
+    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
+    try:
+        time.sleep(1.2)  # a whole second since the reload
+        assert _live_requests(repository, "small") == 0
+    finally:
+        requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def test_a_model_being_unloaded_is_not_listed_where_its_route_answers_404(repository):
+    """While an unload drained its queue, GET /admin/models and /admin/live listed the model, and
+    /admin/models/{m} answered 404 "unknown model"."""
+    base = f"{repository.base}/v2/repository/models/small"
+    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
+    pinned = requests.put(f"{repository.base}/admin/models/small/cores", json={"cores": 0.01}, headers=ADMIN, timeout=10)
+    assert pinned.status_code == 200, pinned.text
+    with concurrent.futures.ThreadPoolExecutor(max_workers=41) as pool:
+        infer = f"{repository.base}/v2/models/small/infer"
+        sent = [pool.submit(requests.post, infer, json=SMALL_BODY, timeout=60) for _ in range(40)]
+        time.sleep(0.5)  # queued behind a hundredth of a core
+        unloading = pool.submit(requests.post, f"{base}/unload", headers=ADMIN, timeout=60)
+        wait_for(lambda: index(repository).get("small") == "UNLOADING", 10, "small unloading")
+        listed = [m["name"] for m in requests.get(f"{repository.base}/admin/models", headers=ADMIN, timeout=10).json()["models"]]
+        live = requests.get(f"{repository.base}/admin/live?seconds=1", headers=ADMIN, timeout=10).json()
+        still = index(repository).get("small")
+        assert unloading.result().status_code == 200
+        assert {f.result().status_code for f in sent} <= {200, 503}
+    assert still == "UNLOADING", "the unload ended before the lists were read"
+    assert "small" not in listed and "small" not in [m["name"] for m in live["models"]], (listed, live["models"])
+
+
 def test_sigterm_waits_for_a_load_in_progress(repository):
     """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
     cut off with no answer; it is drained as a request is."""
@@ -569,51 +617,3 @@ def test_a_load_the_drain_cuts_short_is_answered_503(tmp_path, example_models):
     assert answers[0].status_code == 503, answers[0].text
     assert "model 'slow' was not loaded" in answers[0].json()["error"]
     assert "model slow: loaded" not in gateway.output()
-
-
-def _live_requests(gateway, model: str) -> int | None:
-    live = requests.get(f"{gateway.base}/admin/live?seconds=600", headers=ADMIN, timeout=10).json()
-    found = [m for m in live["models"] if m["name"] == model]
-    return sum(v or 0 for v in found[0]["series"]["requests"]) if found else None
-
-
-SMALL_BODY = {"inputs": [{"name": "x", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.25] * 3072}]}
-
-
-def test_a_reloaded_model_starts_its_live_seconds_anew(repository):
-    """The live page's seconds of an unloaded model were kept: loaded again, it showed the
-    requests of the one before (30 where its statistics and /metrics said 0)."""
-    base = f"{repository.base}/v2/repository/models/small"
-    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
-    for _ in range(5):
-        assert requests.post(f"{repository.base}/v2/models/small/infer", json=SMALL_BODY, timeout=30).status_code == 200
-    wait_for(lambda: _live_requests(repository, "small") == 5, 5, "the five requests in small's live seconds")
-    requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
-    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
-    try:
-        time.sleep(1.2)  # a whole second since the reload
-        assert _live_requests(repository, "small") == 0
-    finally:
-        requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
-
-
-def test_a_model_being_unloaded_is_not_listed_where_its_route_answers_404(repository):
-    """While an unload drained its queue, GET /admin/models and /admin/live listed the model, and
-    /admin/models/{m} answered 404 "unknown model"."""
-    base = f"{repository.base}/v2/repository/models/small"
-    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
-    pinned = requests.put(f"{repository.base}/admin/models/small/cores", json={"cores": 0.01}, headers=ADMIN, timeout=10)
-    assert pinned.status_code == 200, pinned.text
-    with concurrent.futures.ThreadPoolExecutor(max_workers=41) as pool:
-        infer = f"{repository.base}/v2/models/small/infer"
-        sent = [pool.submit(requests.post, infer, json=SMALL_BODY, timeout=60) for _ in range(40)]
-        time.sleep(0.5)  # queued behind a hundredth of a core
-        unloading = pool.submit(requests.post, f"{base}/unload", headers=ADMIN, timeout=60)
-        wait_for(lambda: index(repository).get("small") == "UNLOADING", 10, "small unloading")
-        listed = [m["name"] for m in requests.get(f"{repository.base}/admin/models", headers=ADMIN, timeout=10).json()["models"]]
-        live = requests.get(f"{repository.base}/admin/live?seconds=1", headers=ADMIN, timeout=10).json()
-        still = index(repository).get("small")
-        assert unloading.result().status_code == 200
-        assert {f.result().status_code for f in sent} <= {200, 503}
-    assert still == "UNLOADING", "the unload ended before the lists were read"
-    assert "small" not in listed and "small" not in [m["name"] for m in live["models"]], (listed, live["models"])
