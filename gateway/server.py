@@ -760,16 +760,20 @@ async def serve(config: GatewayConfig) -> None:
         tracer.shutdown()
 
 
-async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connections, asyncio.Server]:
+async def listen(
+    runner: web.AppRunner, config: GatewayConfig, address: tuple[str, int] | None = None, listeners: int | None = None
+) -> tuple[Connections, asyncio.Server]:
     """Listen as aiohttp's TCPSite does, with each connection a ``GatewayConnection``.
 
     The cap on connections is kept under the descriptor limit, and each connection's head has its
-    deadline (gateway/connections.py).
+    deadline (gateway/connections.py). ``address``: other than the server's (a worker's HTTP
+    port); ``listeners``: the process's listening sockets that share its descriptors.
     """
     server = config.server
     assert runner.server is not None, "runner.setup() makes the server"
     manager = runner.server
-    listeners = 2 if server.grpc_port else 1
+    host, port = address or (server.host, server.port)
+    listeners = listeners or (2 if server.grpc_port else 1)
     # A client that reads none of its answers for a request's whole time is closed (nginx's send_timeout).
     cap = connection_cap(server.max_connections, descriptor_limit(), listeners)
     connections = Connections(server.header_timeout_s, cap, server.request_timeout_ms / 1000)
@@ -780,8 +784,8 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> tuple[Connecti
         lambda: JsonErrorConnection(
             manager, connections, loop=loop, access_log=ACCESS_LOG, access_log_class=AccessLog, auto_decompress=False
         ),
-        server.host,
-        server.port,
+        host,
+        port,
         backlog=128,  # aiohttp's TCPSite default
     )
     return connections, listener

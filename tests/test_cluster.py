@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import socket
 import subprocess
 import threading
 import time
@@ -27,6 +28,7 @@ from gateway.cluster.worker import HELLO_TIMEOUT_S
 from tests.cluster import (
     EXAMPLE_MODELS,
     TOKEN,
+    WORKER_HTTP_PORT,
     WORKER_PORT,
     Worker,
     cluster_config,
@@ -533,3 +535,23 @@ async def test_workers_over_tls_take_only_dispatchers_that_trust_them(tmp_path: 
             assert isinstance(await _first_frame(address, WORKER_PORT, ssl=other), ssl.SSLCertVerificationError)
             # The worker kept serving through all of it.
             assert _infer(client, "mlp", name, array, output)[1] == executor
+
+
+def test_a_workers_http_port_closes_connections_that_send_nothing(tmp_path: Path):
+    """The worker's HTTP port (health, state, metrics; no token) kept every idle connection open:
+    enough of them left the worker no descriptor to take a dispatcher's hello on. It closes them
+    after server.header_timeout_s, as `gateway serve` does."""
+    with make_hosts(1) as hosts:
+        config = cluster_config(
+            tmp_path / "cluster.toml", [f"{hosts.address(0)}:{WORKER_PORT}"], MLP, server={"header_timeout_s": 1.0}
+        )
+        with workers_on(hosts, 1, config) as (worker,):
+            idle = [socket.create_connection((worker.address, WORKER_HTTP_PORT), timeout=10) for _ in range(3)]
+            try:
+                time.sleep(2.5)
+                for connection in idle:
+                    assert connection.recv(1024) == b""  # closed by the worker, not by a timeout here
+                assert requests.get(worker.url("/v2/health/ready"), timeout=5).status_code == 200
+            finally:
+                for connection in idle:
+                    connection.close()

@@ -55,6 +55,7 @@ from executors.wire import FrameTooLarge, ProtocolViolation, encode_frame, pack_
 from gateway.cluster.link import describe
 from gateway.cluster.tls import server_context
 from gateway.config import GatewayConfig, worker_token_error
+from gateway.connections import Connections
 from gateway.control import ControlLoop
 from gateway.logs import ACCESS_LOG, AccessLog
 from gateway.node import NodeExecutors, build_node_executors
@@ -137,6 +138,8 @@ class WorkerNode:
         self._session_ids = iter(range(1, 1 << 62))
         self._server: asyncio.AbstractServer | None = None
         self._http: web.AppRunner | None = None
+        self._http_listener: asyncio.Server | None = None
+        self._http_connections: Connections | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready = False
         self.registry = CollectorRegistry()
@@ -196,6 +199,10 @@ class WorkerNode:
             writer.close()
         if self.control is not None:
             await self.control.stop()
+        if self._http_listener is not None:
+            self._http_listener.close()
+        if self._http_connections is not None:
+            await self._http_connections.close_all(grace_s=1.0)
         if self._http is not None:
             await self._http.cleanup()
         await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
@@ -453,7 +460,14 @@ class WorkerNode:
         # The access log (--access-log) is written only where gateway/logs.py enabled it.
         self._http = web.AppRunner(app, access_log=ACCESS_LOG, access_log_class=AccessLog)
         await self._http.setup()
-        await web.TCPSite(self._http, host, self.config.worker.http_port).start()
+        # The serving gateway's guards on connections (a head within header_timeout_s, a cap under
+        # the descriptor limit): a bare TCPSite kept idle connections open for good, and enough
+        # of them left the worker no descriptor to take a dispatcher's hello on.
+        from gateway.server import listen
+
+        self._http_connections, self._http_listener = await listen(
+            self._http, self.config, (host, self.config.worker.http_port), listeners=2
+        )
 
 
 async def serve_worker(config: GatewayConfig) -> None:
