@@ -883,6 +883,8 @@ class Engine:
 
     def set_dispatch_batch(self, runtime: ModelRuntime, rows: int) -> None:
         """A planned CPU batch size (Harpagon's batch-aware dispatch; 1: none), at most max_batch_size."""
+        if runtime.config.cpu is None:  # accepted, it changed nothing: only CPU batches read it
+            raise InvalidRequest(f"model '{runtime.name}' has no CPU executor (cpu_executor = false): no CPU batch to plan")
         limit = runtime.config.max_batch_size if runtime.signature is not None and runtime.signature.batchable else 1
         if not 1 <= rows <= limit:
             raise InvalidRequest(

@@ -224,3 +224,14 @@ def test_a_repository_model_loads_beside_emulated_gpus(gateway, config):
         assert served.status_code == 200 and served.json()["parameters"]["executed_on"] == "cpu", served.text
     finally:
         requests.post(f"{gateway.base}/v2/repository/models/solo/unload", timeout=60)
+
+
+def test_a_gpu_only_model_has_no_cpu_batch_to_plan(gateway):
+    """PUT dispatch_batch on a model without a CPU executor answered 200 and changed nothing (only
+    CPU batches read it); its cores route already said why it has none."""
+    refused = requests.put(f"{gateway.base}/admin/models/gpu_only/dispatch_batch", json={"dispatch_batch": 2}, timeout=10)
+    assert refused.status_code == 400, refused.text
+    assert "has no CPU executor (cpu_executor = false): no CPU batch to plan" in refused.json()["error"]
+    planned = requests.put(f"{gateway.base}/admin/models/mlp/dispatch_batch", json={"dispatch_batch": 2}, timeout=10)
+    assert planned.status_code == 200, planned.text
+    requests.put(f"{gateway.base}/admin/models/mlp/dispatch_batch", json={"dispatch_batch": 1}, timeout=10)
