@@ -12,6 +12,7 @@ a bad value is refused naming it, as a config file's would be.
 from __future__ import annotations
 
 import json
+import logging
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,12 +23,14 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.config import ConfigError, GatewayConfig, ModelConfig
-from gateway.config.loading import _file_adapter, _model, _problem
+from gateway.config.loading import _check_url_name, _file_adapter, _model, _problem
 from gateway.engine import PIPELINE_FIXED
 from gateway.protocol import InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.engine import Engine
+
+log = logging.getLogger("gateway")
 
 CONFIG_FILE = "config.toml"
 MODEL_FILE = "model.onnx"
@@ -67,12 +70,19 @@ def scan(model_dir: Path | None) -> dict[str, RepositoryModel]:
     if model_dir is None or not model_dir.is_dir():
         return found
     for folder in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-        versions = sorted(int(v.name) for v in folder.iterdir() if v.name.isdigit() and (v / MODEL_FILE).is_file())
+        # A version is a folder named by a whole number as written in ASCII: "²" passes isdigit()
+        # and not int() (every index and load was a 500), "١" read as 1 and was never found, and
+        # "01" shadowed "1".
+        versions = sorted(int(v.name) for v in folder.iterdir() if _version_name(v.name) and (v / MODEL_FILE).is_file())
         if (folder / CONFIG_FILE).is_file():
             found[folder.name] = RepositoryModel(folder.name, folder, ())
         elif versions:
             found[folder.name] = RepositoryModel(folder.name, folder, tuple(str(v) for v in versions))
     return found
+
+
+def _version_name(name: str) -> bool:
+    return name.isascii() and name.isdigit() and str(int(name)) == name
 
 
 def parse_override(text: object) -> dict[str, Any]:
@@ -91,6 +101,10 @@ def parse_override(text: object) -> dict[str, Any]:
         raise InvalidRequest("parameter 'config' must hold a JSON object of the model's config keys")
     # Triton's own name for the name is not a setting here: the path names the model.
     value.pop("name", None)
+    if "path" in value:  # the API names models, never files: a model's file is its folder's
+        raise InvalidRequest(
+            "parameter 'config': 'path' cannot be overridden; a repository model's file is in its folder under server.model_dir"
+        )
     return value
 
 
@@ -160,10 +174,21 @@ async def load_from_repository(engine: Engine, name: str, override_text: object,
 
     try:
         if found is not None and found.versions:
-            # Every version side by side, each its own runtime (NAME.vN), served under NAME.
+            # Every version side by side, each its own runtime (NAME.vN), served under NAME: the
+            # name clients use is checked too ("stats" and "..." were loaded, checked as
+            # "stats.v1" alone, and GET /v2/models/stats never reached the model).
+            try:
+                _check_url_name(engine.config.source, f"models.{name}", name)
+            except ConfigError as error:
+                raise InvalidRequest(f"model config: {str(error).partition(': ')[2]}") from None
             configs = {v: model_config(engine.config, f"{name}.v{v}", {**found.table(v), **override}) for v in found.versions}
             await engine.load_versions(name, configs)
         else:
             await engine.load_model(model_config(engine.config, name, {**table, **override}))
     except ExecutorStartError as error:
-        raise InvalidRequest(f"model '{name}' failed to load: {error}") from None
+        # The executor's whole output (a traceback, the gateway's own paths) goes to the log; the
+        # client gets what failed and ONNX Runtime's last word on it.
+        log.warning("model '%s' failed to load: %s", name, error)
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        said = f"{lines[0]}: {lines[-1]}" if len(lines) > 1 else str(error)
+        raise InvalidRequest(f"model '{name}' failed to load: {said}") from None

@@ -365,6 +365,25 @@ async def test_a_hello_announcing_a_huge_frame_is_closed_unread(tmp_path: Path):
             assert nodes[0].state()["dispatchers"] == 1
 
 
+async def test_a_hello_whose_token_is_no_text_is_refused(tmp_path: Path):
+    """A token of a lone surrogate ("\\ud800", which JSON allows) raised out of the worker's
+    handler: no "refused" frame, a traceback in its log."""
+    from executors.connection import read_frame
+    from executors.wire import encode_frame
+
+    with make_hosts(1) as hosts:
+        address = hosts.address(0)
+        config = cluster_config(tmp_path / "cluster.toml", [f"{address}:{WORKER_PORT}"], MLP)
+        with workers_on(hosts, 1, config) as nodes:
+            reader, writer = await asyncio.open_connection(address, WORKER_PORT)
+            writer.writelines(encode_frame({"kind": "hello", "token": "\ud800"}))
+            await writer.drain()
+            answer, _ = await asyncio.wait_for(read_frame(reader), 10)
+            writer.close()
+            assert answer == {"kind": "refused", "message": "wrong worker token"}
+            assert "Traceback" not in nodes[0].output()
+
+
 async def test_the_gpu_scheduler_sees_every_gpu_of_every_worker(tmp_path: Path):
     import tritonclient.http.aio as triton_aio
 

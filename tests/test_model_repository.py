@@ -566,6 +566,48 @@ def test_a_model_being_unloaded_is_not_listed_where_its_route_answers_404(reposi
     assert "small" not in listed and "small" not in [m["name"] for m in live["models"]], (listed, live["models"])
 
 
+def test_only_whole_numbers_in_ascii_are_versions(tmp_path):
+    """ "²" passes str.isdigit() and not int(): every index and load was a 500. "١" was listed as
+    version 1 and never found; "01" and "1" were both version 1."""
+    from gateway.repository import scan
+
+    for version in ("²", "١", "01", "1", "2", "v3"):
+        (tmp_path / "odd" / version).mkdir(parents=True)
+        (tmp_path / "odd" / version / "model.onnx").write_bytes(b"")
+    assert scan(tmp_path)["odd"].versions == ("1", "2")
+
+
+def test_a_repository_load_is_refused_what_the_config_refuses(repository):
+    """A version folder of a name that the config refuses ("stats", dots only) was loaded: checked
+    as "stats.v1" alone, and GET /v2/models/stats never reached it. A `path` in the override served
+    another file under the model's name (the API names models, never files). A model that fails
+    to start was refused with its executor's whole traceback."""
+    made = []
+    try:
+        for name in ("stats", "..."):
+            (repository.folder / name / "1").mkdir(parents=True)
+            made.append(repository.folder / name)
+            shutil.copy(repository.folder / "mlp.onnx", repository.folder / name / "1" / "model.onnx")
+        refused = requests.post(f"{repository.base}/v2/repository/models/stats/load", headers=ADMIN, timeout=60)
+        assert refused.status_code == 400 and "'stats' is taken" in refused.json()["error"], refused.text
+        refused = requests.post(f"{repository.base}/v2/repository/models/.../load", headers=ADMIN, timeout=60)
+        assert refused.status_code == 400 and "a path segment of dots only" in refused.json()["error"], refused.text
+        override = {"parameters": {"config": json.dumps({"path": "mlp.onnx"})}}
+        refused = requests.post(f"{repository.base}/v2/repository/models/small/load", json=override, headers=ADMIN, timeout=60)
+        assert refused.status_code == 400 and "'path' cannot be overridden" in refused.json()["error"], refused.text
+        (repository.folder / "broken" / "1").mkdir(parents=True)
+        made.append(repository.folder / "broken")
+        (repository.folder / "broken" / "1" / "model.onnx").write_bytes(b"not an ONNX model")
+        refused = requests.post(f"{repository.base}/v2/repository/models/broken/load", headers=ADMIN, timeout=60)
+        said = refused.json()["error"]
+        assert refused.status_code == 400 and "Traceback" not in said and "\n" not in said, said
+        assert said.startswith("model 'broken' failed to load: executor cpu-broken.v1 failed to start"), said
+        assert "INVALID_PROTOBUF" in said, said
+    finally:
+        for folder in made:
+            shutil.rmtree(folder)
+
+
 def test_sigterm_waits_for_a_load_in_progress(repository):
     """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
     cut off with no answer; it is drained as a request is."""

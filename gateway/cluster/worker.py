@@ -305,7 +305,9 @@ class WorkerNode:
             log.warning("worker %s: connection from %s sent no hello: %s", self.name, peer, describe(error))
             writer.close()
             return
-        token = str(header.get("token", "")).encode()
+        # A lone surrogate ("\ud800", which JSON allows) cannot be UTF-8: it raised out of the
+        # handler, and the dispatcher got no "refused". Kept as its bytes, it is a wrong token.
+        token = str(header.get("token", "")).encode("utf-8", "surrogatepass")
         expected = (self.config.worker.token or "").encode()
         if header.get("kind") != "hello" or not hmac.compare_digest(token, expected):
             why = "wrong token" if header.get("kind") == "hello" else "no hello"
