@@ -12,6 +12,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from gateway import __version__
@@ -51,8 +52,15 @@ def gateway(tmp_path_factory, example_models):
 def test_the_api_against_its_openapi_document(case, gateway):
     if case.path.startswith("/admin/models/{model}") and case.method == "PUT":
         case.path_parameters = {**(case.path_parameters or {}), "model": "fixed"}  # reach the body's validation
+    # A negative case that leaves out the Authorization header is sent without it: adding the token
+    # undid that mutation, and where it was the case's only effective one, schemathesis read the
+    # 200 as invalid data accepted (a flake, once in a full run).
+    headers = case.headers or {}
+    unauthorized = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER) and "Authorization" not in headers
     # Schema-valid infer bodies are mostly wrong for a given model's signature: a 400 there is right.
-    case.call_and_validate(base_url=gateway.base, headers=AUTH, excluded_checks=[positive_data_acceptance])
+    case.call_and_validate(
+        base_url=gateway.base, headers=None if unauthorized else AUTH, excluded_checks=[positive_data_acceptance]
+    )
 
 
 SHAPES = st.lists(st.integers(min_value=0, max_value=6), min_size=0, max_size=4)
