@@ -408,6 +408,9 @@ class Engine:
             log.info("pipeline %s: steps %s, SLA %g ms", name, " -> ".join(self.pipelines[name].graph.order), table.sla_ms)
         await self._profile()
         self._profiled = True
+        for gpu in self.gpu_executors:  # one that came up while the models were being profiled
+            if gpu.ready:
+                self._profile_late_gpu(gpu)
         if self.control is not None:
             self.control.start()
             control = self.config.control
@@ -1032,6 +1035,8 @@ class Engine:
             name = runtime.name
             if runtime.gpu_profile is not None or name in self._gpu_profiling or name in self.unloading:
                 continue
+            if gpu not in runtime.gpu_executors:
+                continue  # a model loaded at run time: its CPU executor alone serves it, the GPUs do not hold it
             if gpu.emulate and name not in gpu.emulate:
                 continue  # an emulated GPU holds only the models of its profile
             self._gpu_profiling.add(name)
