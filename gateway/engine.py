@@ -486,11 +486,7 @@ class Engine:
             )
         if runtime.gpu_executors:
             gpu = next((g for g in runtime.gpu_executors if g.ready), runtime.gpu_executors[0])
-            if gpu.emulate:
-                per_item, fixed = gpu.emulate[runtime.name]
-                runtime.gpu_profile = LatencyProfile(per_item, fixed)
-            else:
-                runtime.gpu_profile = await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
+            runtime.gpu_profile = await self._gpu_profile(runtime, gpu)
             log.info(
                 "model %s: GPU profile l(b) = %.3f b + %.3f ms%s",
                 runtime.name,
@@ -617,6 +613,10 @@ class Engine:
         pipeline (served as a model of the one version "1"); None when nothing is served so."""
         runtime = self.resolve(name, version)
         return runtime if runtime is not None or version not in (None, "1") else self.pipelines.get(name)
+
+    def listed_models(self) -> dict[str, ModelRuntime]:
+        """Every model ``listed`` reaches, by key (GET /admin/models and the live data)."""
+        return {key: runtime for key, runtime in self.models.items() if self.listed(key) is not None}
 
     def listed(self, key: str) -> ModelRuntime | None:
         """The model that GET /admin/models lists under ``key``, a version's own ``NAME.vN``
@@ -1027,6 +1027,14 @@ class Engine:
         if ready and executor.device != CPU and self._profiled:
             self._profile_late_gpu(executor)
 
+    @staticmethod
+    async def _gpu_profile(runtime: ModelRuntime, gpu: SupervisedExecutor) -> LatencyProfile:
+        """The model's l(b) on ``gpu``: an emulated GPU's from its profile, a real one's measured."""
+        if gpu.emulate:
+            return LatencyProfile(*gpu.emulate[runtime.name])
+        assert runtime.signature is not None
+        return await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
+
     def _profile_late_gpu(self, gpu: SupervisedExecutor) -> None:
         """Profile ``gpu`` for each model served without a GPU profile, then hand the model to
         the GPU scheduler: a dispatcher profiles its models once, at start, and a worker with
@@ -1046,11 +1054,7 @@ class Engine:
 
     async def _add_gpu_profile(self, runtime: ModelRuntime, gpu: SupervisedExecutor) -> None:
         try:
-            assert runtime.signature is not None
-            if gpu.emulate:
-                profile = LatencyProfile(*gpu.emulate[runtime.name])
-            else:
-                profile = await profile_executor(gpu, runtime.name, runtime.signature, runtime.config)
+            profile = await self._gpu_profile(runtime, gpu)
             if self.models.get(runtime.name) is not runtime or runtime.gpu_profile is not None:
                 return  # unloaded (or loaded again, and profiled) meanwhile
             runtime.gpu_profile = profile

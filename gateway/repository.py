@@ -123,7 +123,12 @@ def model_config(config: GatewayConfig, name: str, table: dict[str, Any]) -> Mod
         # Served by its CPU executor alone (Engine._load_model): an emulated GPU's profile has no say.
         return _model(config.source, name, checked, config.server, config.node, config.gpu, default_cores, on_gpus=False)
     except ConfigError as error:
-        raise InvalidRequest(f"model config: {str(error).partition(': ')[2]}") from None
+        raise _as_request_error(error) from None
+
+
+def _as_request_error(error: ConfigError) -> InvalidRequest:
+    """A config file's error as the API's 400: the key and the problem, without the file's name."""
+    return InvalidRequest(f"model config: {str(error).partition(': ')[2]}")
 
 
 def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str, str]]:
@@ -180,7 +185,7 @@ async def load_from_repository(engine: Engine, name: str, override_text: object,
             try:
                 _check_url_name(engine.config.source, f"models.{name}", name)
             except ConfigError as error:
-                raise InvalidRequest(f"model config: {str(error).partition(': ')[2]}") from None
+                raise _as_request_error(error) from None
             configs = {v: model_config(engine.config, f"{name}.v{v}", {**found.table(v), **override}) for v in found.versions}
             await engine.load_versions(name, configs)
         else:

@@ -491,9 +491,8 @@ class Handlers:
 
     # -- admin ------------------------------------------------------------------------------
     async def admin_models(self, request: web.Request) -> web.Response:
-        # As each is reached by its own route (``listed``): not one being loaded or unloaded.
-        listed = [r for key, r in self.engine.models.items() if self.engine.listed(key) is not None]
-        return web.json_response({"models": [self.engine.describe(r) for r in listed]})
+        # As each is reached by its own route: not one being loaded or unloaded.
+        return web.json_response({"models": [self.engine.describe(r) for r in self.engine.listed_models().values()]})
 
     async def admin_model(self, request: web.Request) -> web.Response:
         return web.json_response(self.engine.describe(self._model(request)))
@@ -797,13 +796,14 @@ def ensemble_steps(table: PipelineTable) -> list[dict[str, Any]]:
     tensor as "STEP/NAME"). A function step runs no model, so Triton's form has no place for it:
     the tensors it gives appear as the steps' inputs it feeds."""
     named = {output.source: output.name for output in table.outputs}
+    sources = [o.source for o in table.outputs if o.source] + [s for step in table.steps for s in step.inputs.values()]
+    read_from = [s.partition("/") for s in sources]
     steps = []
     for step in table.steps:
         if step.model is None:
             continue
         inputs = {name: _ensemble_tensor(source) for name, source in step.inputs.items()}
-        sources = [o.source for o in table.outputs if o.source] + [s for other in table.steps for s in other.inputs.values()]
-        read = {tensor for source, _, tensor in (s.partition("/") for s in sources) if source == step.name}
+        read = {tensor for source, _, tensor in read_from if source == step.name}
         outputs = {name: named.get(f"{step.name}/{name}", f"{step.name}/{name}") for name in sorted(read)}
         steps.append({"model_name": step.model, "model_version": -1, "input_map": inputs, "output_map": outputs})
     return steps

@@ -41,8 +41,7 @@ def live_document(engine: Engine, seconds: int) -> dict[str, Any]:
     """The last ``seconds`` whole seconds of every model, GPU and the node, and the state now."""
     now = engine.now
     gpus = [executor.id for executor in engine.gpu_executors]
-    # The models GET /admin/models lists: not one being loaded or unloaded.
-    served = {name: runtime for name, runtime in engine.models.items() if engine.listed(name) is not None}
+    served = engine.listed_models()  # as GET /admin/models lists them: not one being loaded or unloaded
     snapshot = engine.live.snapshot(now, seconds, {name: r.sla_ms for name, r in served.items()}, gpus)
     models = []
     for name, runtime in served.items():
