@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tools.goodput import bisect_load, meets_slo, upper_bound_rps, zoo_arrivals
+from gateway.tools.goodput import NoEdgeFound, bisect_load, meets_slo, upper_bound_rps, zoo_arrivals
 from gateway.tools.simulate import SimModel, Simulation, ZooModel, even_split, load_zoo, simulate, simulate_config
 from schedulers.gpu import DEFAULT_POLICY
 from tests.helpers import ROOT
@@ -172,6 +172,22 @@ def test_simulate_goodput_writes_per_model_counts(tmp_path: Path):
         [sys.executable, "-m", "gateway.cli", "simulate", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert "--goodput" in helped.stdout and "--dispatch-delay-ms" in helped.stdout
+
+
+def test_a_zoo_whose_slos_outlast_the_run_is_refused_not_widened_for_ever(tmp_path: Path):
+    # An SLO of 1000 s is never missed in a run of 0.2 s, whatever the load: the bisection once
+    # doubled the load 30 times (billions of requests a run) looking for an edge.
+    zoo = tmp_path / "patient.csv"
+    zoo.write_text("model,alpha_ms,beta_ms,slo_ms\npatient,1,1,1000000\nslow,2,1,900000\n")
+    command = [
+        sys.executable, "-m", "gateway.cli", "simulate", "--zoo", str(zoo), "--goodput", "--gpus", "1",
+        "--policies", DEFAULT_POLICY, "--shapes", "poisson", "--seeds", "2", "--duration", "0.2", "--jobs", "2",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "4x the zoo's upper bound" in done.stderr and "SLOs of up to 1e+06 ms" in done.stderr
+    with pytest.raises(NoEdgeFound):
+        bisect_load(lambda load: True, 1.0, 2.0, 0.1, max_widenings=2)
 
 
 def test_a_config_whose_arrivals_all_come_at_once_still_reports(tmp_models: Path):

@@ -37,6 +37,7 @@ __all__ = [
     "BAD_LIMIT",
     "FLAT_TOP_MULTIPLES",
     "IDLE_MULTIPLES",
+    "NoEdgeFound",
     "bisect_load",
     "even_split",
     "markdown",
@@ -61,6 +62,14 @@ FLAT_TOP_MULTIPLES = (1.25, 1.5, 2.0)
 IDLE_MULTIPLES = (0.25, 0.5, 0.75, 1.0)
 # A predicate that still passes after this many doublings of the load has no edge to find.
 MAX_WIDENINGS = 30
+# Goodput's bisection starts at the zoo's upper bound, which no steady load can pass by more
+# than the 1% that p99 forgives; a load that passes at 4x it passed only because the run ended
+# before any request could miss its SLO (an SLO near or over the run's length).
+BOUND_WIDENINGS = 2
+
+
+class NoEdgeFound(RuntimeError):
+    """Every load tried passed: the bisection has no edge to find."""
 
 
 # -- what passes ------------------------------------------------------------------------------
@@ -106,24 +115,27 @@ def upper_bound_rps(zoo: Sequence[ZooModel], gpus: int, slo_fraction: float = 1.
     return gpus * 1000 * len(zoo) / ms_per_request
 
 
-def bisect_load(passes: Callable[[float], bool], low: float, high: float, tolerance: float) -> float:
+def bisect_load(
+    passes: Callable[[float], bool], low: float, high: float, tolerance: float, max_widenings: int = MAX_WIDENINGS
+) -> float:
     """The highest load that ``passes``, to within ``tolerance`` (in the load's units).
 
     Assumes that a load that passes has every lower load pass. The bracket is repaired first:
     while ``high`` passes, it doubles (the old ``high`` becomes ``low``); while ``low`` fails,
     it halves (the old ``low`` becomes ``high``), and once it is under ``tolerance`` the answer
     is 0. Then the usual bisection keeps ``low`` passing and ``high`` failing until they are
-    within ``tolerance``, and returns ``low``: a load that was seen to pass.
+    within ``tolerance``, and returns ``low``: a load that was seen to pass. NoEdgeFound when
+    ``high`` still passes after ``max_widenings`` doublings.
     """
     if not 0 < low < high or tolerance <= 0:
         raise ValueError(f"bisect_load needs 0 < low < high and tolerance > 0, got {low}, {high}, {tolerance}")
     low_passes = False
-    for _ in range(MAX_WIDENINGS):
+    for _ in range(max_widenings + 1):
         if not passes(high):
             break
         low, high, low_passes = high, 2 * high, True
     else:
-        raise RuntimeError(f"every load up to {high / 2:g} passes: no edge to find")
+        raise NoEdgeFound(f"every load up to {high / 2:g} passes: no edge to find")
     while not low_passes and not passes(low):
         low, high = low / 2, low
         if low < tolerance:
@@ -213,7 +225,15 @@ def _bisect(task: _Bisection) -> tuple[_Bisection, float, list[dict[str, Any]]]:
     if bound == 0:
         return task, 0.0, probes
     # The bound is seldom reached (requests wait, bursts come): start the bracket under it.
-    goodput = bisect_load(passes, bound / 2, bound, task.tolerance * bound)
+    try:
+        goodput = bisect_load(passes, bound / 2, bound, task.tolerance * bound, BOUND_WIDENINGS)
+    except NoEdgeFound:
+        slo_ms = max(model.slo_ms for model in task.zoo)
+        raise NoEdgeFound(
+            f"{task.policy} met every SLO at {2**BOUND_WIDENINGS}x the zoo's upper bound ({bound:g} requests/s), "
+            f"which no steady load passes: a run of {task.duration_s:g} s ends before requests can miss "
+            f"SLOs of up to {slo_ms:g} ms; run longer (--duration) or give SLOs under the run's length"
+        ) from None
     return task, goodput, probes
 
 

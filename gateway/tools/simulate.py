@@ -634,22 +634,25 @@ def _shapes(spec: str) -> list[float | None]:
 
 def _run_goodput(args: argparse.Namespace) -> int:
     # The measuring builds on this module, so it is imported only when asked for.
-    from gateway.tools.goodput import markdown, measure
+    from gateway.tools.goodput import NoEdgeFound, markdown, measure
 
     zoo = load_zoo(args.zoo)
     policies = _policies(args.policies, (DEFAULT_POLICY, *BASELINES))
-    report = measure(
-        {args.zoo.stem: zoo},
-        gpus=GOODPUT_GPUS if args.gpus is None else args.gpus,
-        shapes=_shapes(args.shapes),
-        policies=policies,
-        seeds=list(range(args.seed, args.seed + args.seeds)),
-        duration_s=args.duration,
-        tolerance=args.tolerance,
-        dispatch_delay_ms=args.dispatch_delay_ms,
-        jobs=args.jobs,
-        progress=lambda line: print(line, flush=True),
-    )
+    try:
+        report = measure(
+            {args.zoo.stem: zoo},
+            gpus=GOODPUT_GPUS if args.gpus is None else args.gpus,
+            shapes=_shapes(args.shapes),
+            policies=policies,
+            seeds=list(range(args.seed, args.seed + args.seeds)),
+            duration_s=args.duration,
+            tolerance=args.tolerance,
+            dispatch_delay_ms=args.dispatch_delay_ms,
+            jobs=args.jobs,
+            progress=lambda line: print(line, flush=True),
+        )
+    except NoEdgeFound as error:
+        raise SystemExit(f"gateway simulate: {error}") from None
     print()
     print(markdown(report, DEFAULT_POLICY, BASELINES))
     if args.output:
