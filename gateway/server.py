@@ -72,7 +72,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     """Every error leaves as JSON {"error": ...}; an unexpected one is logged and is a 500."""
     try:
         return await handler(request)
-    except BodyTimedOut as error:
+    except (BodyTimedOut, BodyTooLargeAnnounced) as error:
         return await _answer_and_close(request, error_response(error.status, str(error)))
     except InvalidRequest as error:
         return error_response(error.status, str(error))
@@ -91,14 +91,19 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def expect_continue(request: web.Request, observed: Middleware) -> web.StreamResponse | None:
-    """``Expect: 100-continue`` (curl's for bodies over 1 KiB) as aiohttp answers it; any other
-    expectation a JSON 417, as every error of the gateway (aiohttp's own is plain text).
+    """``Expect: 100-continue`` (curl's for bodies over 1 KiB) as aiohttp answers it, but no 100
+    for a Content-Length over ``max_body_bytes``; any other expectation a JSON 417, as every
+    error of the gateway (aiohttp's own is plain text).
 
     aiohttp calls this before any middleware, and a response from it goes out without them: the
     417 is answered through ``observed`` (the observe middleware), so that it carries its request
     id, and an infer request's is logged and traced as any other refusal is."""
     if request.headers.get("Expect", "").lower() != "100-continue":
         return await observed(request, _refuse_expectation)
+    if request.content_length is not None and request.content_length > request.client_max_size:
+        # RFC 9110 section 10.1.1: no 100 for a body that will be refused; the handler refuses it
+        # before reading (read_body), counted as any body too large, and the client need not send it.
+        return None
     await web_urldispatcher._default_expect_handler(request)  # aiohttp's own "100 Continue", kept exact
     return None
 
@@ -155,6 +160,14 @@ class BodyTimedOut(InvalidRequest):
         super().__init__(f"the request body did not arrive within {timeout_s * 1000:g} ms (server.request_timeout_ms)", 408)
 
 
+class BodyTooLargeAnnounced(InvalidRequest):
+    """A Content-Length over ``max_body_bytes``: 413 before any of the body is read, and the
+    connection closed (the body that may follow is not read)."""
+
+    def __init__(self, limit: int, announced: int):
+        super().__init__(f"Maximum request body size {limit} exceeded, actual body size {announced}", 413)
+
+
 def _check_transfer_coding(transfer_encoding: str | None) -> None:
     """Only the chunked transfer coding is served: aiohttp's parser took ``gzip, chunked`` as
     chunked and handed the gzip bytes on as the body. RFC 9112 6.1: a transfer coding the server
@@ -179,6 +192,10 @@ async def _read_body(request: web.Request, timeout_s: float, inflating: Executor
     (gateway/content_coding.py).
     """
     limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        # Refused before a byte is read: answered and closed (BodyTooLargeAnnounced), so that a
+        # client waiting for 100 Continue, or still sending, is not read from for nothing.
+        raise BodyTooLargeAnnounced(limit, request.content_length)
     _check_transfer_coding(request.headers.get(hdrs.TRANSFER_ENCODING))
     content_encoding = request.headers.get(hdrs.CONTENT_ENCODING)
     try:

@@ -368,6 +368,26 @@ def test_an_unknown_expectation_is_a_json_417(gateway, method, path):
     assert response.status_code == 200, response.text
 
 
+def test_a_body_announced_over_the_limit_is_refused_before_100_continue(gateway):
+    """A client that asks to continue with a body it says is over max_body_bytes is refused at
+    once (RFC 9110 section 10.1.1): the gateway answered 100 Continue and let it send the body."""
+    before = outcomes(gateway)
+    status, headers, body = raw_http(
+        gateway,
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\r\nExpect: 100-continue\r\nContent-Length: 67108865\r\n\r\n",
+    )  # fmt: skip
+    assert status == 413, (status, body)
+    assert json.loads(body)["error"] == "Maximum request body size 67108864 exceeded, actual body size 67108865"
+    assert "x-request-id" in headers and headers.get("connection") == "close", headers
+    assert outcomes(gateway).get("too_large", 0) == before.get("too_large", 0) + 1
+    # Under the limit, the client is still asked to go on.
+    response = requests.post(
+        f"{gateway.base}/v2/models/mlp/infer", data=json.dumps(GOOD), headers={**AUTH, "Expect": "100-continue"}, timeout=10
+    )
+    assert response.status_code == 200, response.text
+
+
 def test_bytes_that_are_no_utf8_text_are_refused_not_altered(gateway):
     """An ONNX model's BYTES input is a string tensor: the executor turned each byte that is no
     UTF-8 into U+FFFD and answered 200 with what the client never sent. Text and bytes that are
