@@ -199,7 +199,10 @@ def _time(
     rows, deadline = candidate.rows, candidate.deadline
     if latency_ms is None:
         latency_ms = profile.latency_ms(rows)
-    candidate.sched_at = sched_at = deadline - profile.latency_ms(rows + 1) / 1000
+    # Symphony's l(b) grows with b; a measured one need not (each size's own p99, sizes padded
+    # to one batch shape): where l(rows + 1) < l(rows), waiting for a request more would hold the
+    # candidate past its own last start. It is held no later than that.
+    candidate.sched_at = sched_at = deadline - max(profile.latency_ms(rows + 1), latency_ms) / 1000
     candidate.invalid_after = deadline - latency_ms / 1000
     candidate.schedulable = (
         (not defer) or candidate.full or rows >= profile.fixed_ms / 1000 * arrival_rate or now >= sched_at - EPSILON_S

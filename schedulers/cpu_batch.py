@@ -78,7 +78,8 @@ def dispatch_due(profile: LatencyProfile | None, queued_rows: int, planned: int,
     At once (-inf) when ``planned`` rows are queued or no plan holds it (``planned`` <= 1);
     otherwise at the head request's latest start for a full batch, deadline - l(planned)
     (Symphony's sched_at rule, Section 4.3, on a CPU): waiting longer would make it late. Without
-    a profile there is no l(b) to wait by, so at once."""
+    a profile there is no l(b) to wait by, so at once. A measured l(b) need not grow with b: the
+    wait ends no later than the last start of the batch queued now, deadline - l(queued rows)."""
     if planned <= 1 or queued_rows >= planned or profile is None:
         return -math.inf
-    return head_deadline - profile.latency_ms(planned) / 1000
+    return head_deadline - max(profile.latency_ms(planned), profile.latency_ms(max(1, queued_rows))) / 1000

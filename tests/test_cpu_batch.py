@@ -137,6 +137,10 @@ def test_planned_rows_and_due_time_pure():
     assert dispatch_due(profile, queued_rows=4, planned=4, head_deadline=1.0) == -math.inf
     assert dispatch_due(profile, queued_rows=1, planned=4, head_deadline=1.0) == pytest.approx(0.982)
     assert dispatch_due(None, queued_rows=1, planned=4, head_deadline=1.0) == -math.inf
+    # A measured l(4) under l(1): the lone request waits no later than its own last start.
+    profile.observe(1, 30.0)
+    profile.observe(4, 12.0)
+    assert dispatch_due(profile, queued_rows=1, planned=4, head_deadline=1.0) == pytest.approx(0.970)
 
 
 def test_a_plan_changed_at_run_time_takes_effect_on_what_is_queued():

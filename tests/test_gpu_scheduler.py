@@ -63,6 +63,25 @@ def test_a_candidate_below_beta_lambda_waits_until_sched_at():
     assert dispatched(scheduler.decide(sched_at, "gpu:0", sched_at, {"m": queue})) == ("m", 2)
 
 
+@pytest.mark.parametrize("policy", ["deferral", "fair_deferral"])
+def test_a_measured_profile_that_falls_with_the_batch_never_holds_a_candidate_past_its_last_start(policy):
+    # l(2) measured under l(1) (each size's own p99; sizes padded to one batch shape cost alike):
+    # sched_at = deadline - l(2) fell after invalid_after = deadline - l(1), and a lone request
+    # on an idle GPU was held until it could no longer finish.
+    scheduler = GpuScheduler(policy)
+    profile = linear(1, 9)
+    profile.observe(1, 10.0)
+    profile.observe(2, 8.5)
+    scheduler.add_model("m", sla_ms=50, max_batch=8, profile=profile)
+    for i in range(1000):  # beta x lambda = 9 requests: Symphony's rule defers
+        scheduler.on_arrival("m", 0.5 + i * 1e-4)
+    queue = requests("m", [1.0], 0.05)
+    decision = scheduler.decide(1.0, "gpu:0", 1.0, {"m": queue})
+    assert isinstance(decision, WaitUntil) and decision.time <= 1.05 - 0.010 + 1e-9, decision
+    latest = 1.05 - 0.010
+    assert dispatched(scheduler.decide(latest, "gpu:0", latest, {"m": queue})) == ("m", 1)
+
+
 def test_work_conserving_dispatches_at_once():
     scheduler = GpuScheduler("work_conserving")
     scheduler.add_model("m", sla_ms=50, max_batch=16, profile=linear(1, 10))
