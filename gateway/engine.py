@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
 import shutil
 import time
 from collections import deque
@@ -45,6 +44,7 @@ from gateway.cluster.dispatcher import Cluster
 from gateway.cluster.link import RemoteExecutor
 from gateway.config import GatewayConfig, ModelConfig
 from gateway.control import ControlLoop
+from gateway.dispatch_setup import batch_limit, dispatch_core_of, gpu_scheduler_of
 from gateway.gpu_cluster import GpuClusterWindow, ended_out_of_slo
 from gateway.metrics import GatewayMetrics, ModelMetrics, ModelTotals, TritonTotals
 from gateway.node import NodeExecutors, build_node_executors
@@ -56,12 +56,10 @@ from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from gateway.ui.series import LiveSeries, PeriodOf
 from schedulers.autoscale import ScalingSignal, scaling_signal
-from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
-from schedulers.gpu import GpuScheduler
-from schedulers.gpu_memory import GpuMemory, Load, ModelFootprint
+from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, Fail, Finish, Start, WakeAt
+from schedulers.gpu_memory import Load
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
-from schedulers.round_robin import RandomRoundRobin
 from supervisor.node import Allocation, Window
 
 # Control periods kept for the admin API's history: an hour at ROMA's 1 s period.
@@ -124,23 +122,6 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     """Take a task's exception, so that asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
-
-
-def gpu_memory_of(config: GatewayConfig) -> GpuMemory | None:
-    """The GPUs' memory as a cache of models ([gpu] memory_mb; None: every GPU holds every model):
-    each model's size and load time from the emulated GPU's profile, or its ONNX file's size and
-    cuda_load_ms on a real GPU."""
-    gpu = config.gpu
-    if gpu.memory_mb is None or not config.node.gpus:
-        return None
-    footprints = {}
-    for name, model in config.models.items():
-        if gpu.executor == "emulated":
-            memory_mb, load_ms = gpu.footprints[model.gpu_profile or name]
-        else:
-            memory_mb, load_ms = model.path.stat().st_size / 2**20, gpu.cuda_load_ms
-        footprints[name] = ModelFootprint(memory_mb, load_ms)
-    return GpuMemory(gpu.memory_mb, footprints)
 
 
 def _sizes(batches: list[int]) -> str:
@@ -244,21 +225,8 @@ class Engine:
         self.docker: DockerBackend | None = None
         self.executors: dict[str, SupervisedExecutor] = {}
         self.gpu_executors: list[SupervisedExecutor] = []
-        gpu = config.gpu
-        # A dispatcher of a cluster learns of its workers' GPUs only once they connect.
-        self.gpu_scheduler = (
-            GpuScheduler(gpu.policy, config.control.setpoint_ratio, gpu.queue_weight)
-            if config.node.gpus or config.cluster is not None
-            else None
-        )
-        self.core = DispatchCore(
-            cpu_scheduler=RandomRoundRobin(random.Random(config.policy.seed)),
-            gpu_scheduler=self.gpu_scheduler,
-            request_timeout_s=config.server.request_timeout_ms / 1000,
-            cpu_sharing=gpu.cpu_sharing,
-            spill_within=gpu.spill_within,
-            gpu_memory=gpu_memory_of(config),
-        )
+        self.gpu_scheduler = gpu_scheduler_of(config)
+        self.core = dispatch_core_of(config, self.gpu_scheduler)
         self.models = {
             # Every model shares the list of the node's GPU executors, filled below.
             name: ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=self.gpu_executors)
@@ -497,7 +465,7 @@ class Engine:
         self.core.add_model(
             runtime.name,
             sla_ms=runtime.sla_ms,
-            max_batch=runtime.config.max_batch_size if runtime.signature.batchable else 1,
+            max_batch=batch_limit(runtime.config, runtime.signature.batchable),
             max_queue_size=runtime.config.max_queue_size,
             drop_late=runtime.config.drop_late,
             cpu_profile=runtime.cpu_profile,

@@ -13,10 +13,12 @@ Two ways to say what runs:
   per model: Poisson, or Gamma gaps with a shape s and scale 1 / (s x rate), so the mean gap is
   1 / rate and the coefficient of variation 1 / sqrt(s) (Symphony Section 4.3; smaller shapes
   are burstier); the offered load is split evenly.
-- ``--config config.toml --arrivals arrivals.json``: the models, GPUs (emulated profiles), CPU
-  executors and their cores, queue limits and timeouts of a serving config, and given arrival
-  times ([[seconds, model], ...]); ``--cpu-profile model=per_item_ms,fixed_ms`` gives the CPU
-  executors' l(b) (for example as a gateway measured it: GET /admin/models/NAME, "profiles").
+- ``--config config.toml --arrivals arrivals.json``: the models, GPUs (emulated profiles, memory
+  and load times), CPU executors, queue limits, timeouts and GPU policy of a serving config, its
+  dispatch core built as ``gateway serve`` builds it (gateway/dispatch_setup.py), and given
+  arrival times ([[seconds, model], ...]); ``--cpu-profile model=per_item_ms,fixed_ms`` gives
+  the CPU executors' l(b) at their configured cores (for example as a gateway measured it
+  there: GET /admin/models/NAME, "profiles").
 
 Per run it reports goodput (requests answered within their SLO, per second), the bad rate
 (refused, timed out, late or left over, over all), per model the requests served on each device
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import functools
 import heapq
 import json
 import math
@@ -78,8 +81,7 @@ class SimModel:
     sla_ms: float
     max_batch: int = MAX_BATCH
     gpu: tuple[float, float] | None = None  # (per-item ms, fixed ms) on a GPU
-    cpu: tuple[float, float] | None = None  # (per-item ms, fixed ms) on one CPU core; None: no CPU executor
-    cpu_cores: float = 1.0
+    cpu: tuple[float, float] | None = None  # (per-item ms, fixed ms) on its executor's cores; None: no CPU executor
     drop_late: bool = True
     max_queue_size: int = 1 << 30
     dispatch_batch: int = 1  # a planned CPU batch size (batch-aware dispatch)
@@ -162,9 +164,9 @@ def even_split(zoo: Iterable[ZooModel], total_rps: float) -> dict[str, float]:
     return {name: total_rps / len(names) for name in names}
 
 
-def linear_ms(profile: tuple[float, float], rows: int, cores: float = 1.0) -> float:
+def linear_ms(profile: tuple[float, float], rows: int) -> float:
     per_item, fixed = profile
-    return (per_item * rows + fixed) / cores
+    return per_item * rows + fixed
 
 
 class Simulation:
@@ -182,6 +184,7 @@ class Simulation:
         seed: int = 0,
         stop_when_bad: Mapping[str, int] | None = None,
         gpu_dispatch_ms: float = 0.0,
+        core: DispatchCore | None = None,
     ):
         """``stop_when_bad``: per model, the bad outcomes it may have; the run stops as soon as one
         model has more (its verdict is known: a bisection probe that fails need not run to the
@@ -192,9 +195,13 @@ class Simulation:
         and its executor receiving it (the network between Clockwork's controller and workers).
         An executor that receives a batch after its ``latest_start`` refuses it (Clockwork's
         late action, Section 4.4): the core gets ``on_batch_late`` and the GPU stays free.
+
+        ``core``: a dispatch core built elsewhere (``gateway simulate --config`` builds the one
+        that ``gateway serve`` builds, gateway/dispatch_setup.py), in place of one of ``policy``,
+        ``cpu_sharing``, ``spill_within``, ``request_timeout_s`` and ``seed``.
         """
         self.models = {m.name: m for m in models}
-        self.core = DispatchCore(
+        self.core = core or DispatchCore(
             cpu_scheduler=RandomRoundRobin(random.Random(seed)),
             gpu_scheduler=GpuScheduler(policy) if gpus else None,
             request_timeout_s=request_timeout_s,
@@ -214,7 +221,7 @@ class Simulation:
                 max_queue_size=model.max_queue_size,
                 drop_late=model.drop_late,
                 dispatch_batch=model.dispatch_batch,
-                cpu_profile=LatencyProfile(*linear_ms_pair(model.cpu, model.cpu_cores)) if model.cpu else None,
+                cpu_profile=LatencyProfile(*model.cpu) if model.cpu else None,
                 gpu_profile=LatencyProfile(*model.gpu) if model.gpu and gpus else None,
             )
         self.gpus = gpus
@@ -289,12 +296,15 @@ class Simulation:
         model = self.models[batch.model]
         if batch.device == GPU:
             duration_ms = linear_ms(model.gpu, batch.rows)
-            self.gpu_busy_s += duration_ms / 1000
-            self._gpu_busy_until[batch.executor] = now + duration_ms / 1000
+            # A GPU that does not hold the model loads it first (Clockwork's LOAD): busy, not computing.
+            busy_s = (duration_ms + (batch.load.load_ms if batch.load is not None else 0.0)) / 1000
+            self.gpu_busy_s += busy_s
+            self._gpu_busy_until[batch.executor] = now + busy_s
             self.batch_rows.append(batch.rows)
         else:
-            duration_ms = linear_ms(model.cpu, batch.rows, model.cpu_cores)
-        self._push(now + duration_ms / 1000, "done", (batch, duration_ms))
+            duration_ms = busy_s = linear_ms(model.cpu, batch.rows)
+            busy_s /= 1000
+        self._push(now + busy_s, "done", (batch, duration_ms))
 
     def _receive(self, batch: Batch, now: float) -> list[Action]:
         """A GPU executor receives ``batch`` after the dispatch delay: it runs it, or refuses it late.
@@ -384,11 +394,6 @@ class Simulation:
         }
 
 
-def linear_ms_pair(profile: tuple[float, float], cores: float) -> tuple[float, float]:
-    """A CPU profile at ``cores`` cores: both costs divided by the cores (what the core learns there)."""
-    return profile[0] / cores, profile[1] / cores
-
-
 def bad_allowance(arrived: int, bad_limit: float) -> int:
     """How many of ``arrived`` requests may end badly within a bad rate of ``bad_limit``."""
     return math.floor(bad_limit * arrived + 1e-9)  # 0.01 x 300 must allow 3, whatever the float rounding
@@ -437,6 +442,21 @@ def arrivals_problem(arrivals: list[tuple[float, str]]) -> str | None:
     return None
 
 
+@functools.cache
+def _batchable(path: Path) -> bool:
+    """Whether the model's requests can be stacked into batches, as its executor reports it."""
+    import onnxruntime
+
+    from executors.tensors import describe
+    from gateway.signature import ModelSignature
+
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # ONNX Runtime raises its own kinds for a file it cannot read
+        raise SystemExit(f"gateway simulate: {path}: ONNX Runtime cannot open it: {error}") from None
+    return ModelSignature.from_json(describe(session)).batchable
+
+
 def simulate_config(
     config_path: Path, arrivals: list[tuple[float, str]], cpu_profiles: dict[str, tuple[float, float]], seed: int = 0
 ) -> dict[str, Any]:
@@ -445,6 +465,7 @@ def simulate_config(
     A model without a CPU executor (``cpu_executor = false``) gets none here either: the GPUs
     alone serve it, whatever the CPU profiles."""
     from gateway.config import ConfigError, load_config
+    from gateway.dispatch_setup import batch_limit, dispatch_core_of, gpu_scheduler_of
 
     problem = arrivals_problem(arrivals)
     if problem is not None:
@@ -468,6 +489,8 @@ def simulate_config(
     gpu_only = sorted(name for name in cpu_profiles if name in config.models and config.models[name].cpu is None)
     if gpu_only:
         raise SystemExit(f"gateway simulate: --cpu-profile {', '.join(gpu_only)}: no CPU executor (cpu_executor = false)")
+    if config.node.gpus and config.gpu.executor != "emulated":
+        raise SystemExit('gateway simulate: the config\'s GPUs must be emulated ([gpu] executor = "emulated") to be simulated')
     models = []
     for name, model in config.models.items():
         gpu_row = config.gpu.profiles.get(model.gpu_profile or name) if config.node.gpus else None
@@ -475,26 +498,17 @@ def simulate_config(
             SimModel(
                 name,
                 model.sla_ms,
-                max_batch=model.max_batch_size,
+                max_batch=batch_limit(model, _batchable(model.path)),
                 gpu=gpu_row,
+                # The CPU profile is l(b) at the executor's cores, as the gateway measured it there.
                 cpu=cpu_profiles.get(name) if model.cpu is not None else None,
-                cpu_cores=model.cpu.cores if model.cpu is not None else 1.0,
                 drop_late=model.drop_late,
                 max_queue_size=model.max_queue_size,
                 dispatch_batch=model.dispatch_batch,
             )
         )
-    if config.node.gpus and config.gpu.executor != "emulated":
-        raise SystemExit('gateway simulate: the config\'s GPUs must be emulated ([gpu] executor = "emulated") to be simulated')
-    simulation = Simulation(
-        models,
-        gpus=len(config.node.gpus),
-        policy=config.gpu.policy,
-        cpu_sharing=config.gpu.cpu_sharing,
-        spill_within=config.gpu.spill_within,
-        request_timeout_s=config.server.request_timeout_ms / 1000,
-        seed=config.policy.seed if config.policy.seed is not None else seed,
-    )
+    gpus = len(config.node.gpus)
+    simulation = Simulation(models, gpus=gpus, core=dispatch_core_of(config, gpu_scheduler_of(config) if gpus else None, seed))
     duration_s = max((t for t, _ in arrivals), default=0.0)
     result = simulation.run(arrivals, duration_s)
     result["device_of"] = simulation.device_of
@@ -520,7 +534,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--config", type=existing_file, help="a serving config (its GPUs emulated)")
     parser.add_argument("--arrivals", type=existing_file, help="with --config: JSON [[seconds, model], ...]")
     parser.add_argument(
-        "--cpu-profile", action="append", default=[], metavar="MODEL=PER_ITEM_MS,FIXED_MS", help="with --config, repeatable"
+        "--cpu-profile",
+        action="append",
+        default=[],
+        metavar="MODEL=PER_ITEM_MS,FIXED_MS",
+        help="with --config, repeatable: the model's l(b) at its configured cpu.cores (GET /admin/models/NAME)",
     )
     parser.add_argument(
         "--gpus", type=positive_int, help=f"emulated GPUs (default {GOODPUT_GPUS} with --goodput, else {RATE_GPUS})"
