@@ -52,6 +52,7 @@ from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
+from gateway.stacking_check import why_stacking_changes_results
 from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from gateway.ui.series import LiveSeries, PeriodOf
@@ -443,6 +444,13 @@ class Engine:
         """Seed the model's latency profiles with a short profiling run on each kind of device that
         serves it, then hand the model to the dispatch core."""
         assert runtime.signature is not None
+        checker = next((e for e in (*runtime.executors, *runtime.gpu_executors) if e.ready), None)
+        if checker is not None and runtime.signature.batchable and runtime.config.max_batch_size > 1:
+            hang_s = runtime.config.hang_timeout_s
+            reason = await why_stacking_changes_results(checker, runtime.name, runtime.signature, hang_s)
+            if reason is not None:
+                log.warning("model %s: served one request at a time: batching changes results (%s)", runtime.name, reason)
+                runtime.signature = runtime.signature.unstacked()
         if runtime.executors:
             cpu = next((e for e in runtime.executors if e.ready), runtime.executors[0])
             runtime.cpu_profile = await profile_executor(cpu, runtime.name, runtime.signature, runtime.config)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from executors.tensors import KSERVE_TO_NUMPY
@@ -23,6 +24,10 @@ class TensorSpec:
 class ModelSignature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # False once stacking requests was seen to change their results (gateway/stacking_check.py):
+    # what the gateway found by running the model, not what its executor reads from the file,
+    # so two signatures that differ only in it are the same model's.
+    stacks: bool = field(default=True, compare=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelSignature:
@@ -50,9 +55,14 @@ class ModelSignature:
         """True when every input and output has a free leading dimension: the batch dimension.
 
         Only then can requests be stacked along it and their results split back without
-        changing any result; any other model is served one request at a time.
+        changing any result, and only if running the model showed so (``stacks``); any other
+        model is served one request at a time.
         """
-        return all(len(t.shape) >= 1 and t.shape[0] == -1 for t in self.inputs + self.outputs)
+        return self.stacks and all(len(t.shape) >= 1 and t.shape[0] == -1 for t in self.inputs + self.outputs)
+
+    def unstacked(self) -> ModelSignature:
+        """The same model, served one request at a time."""
+        return dataclasses.replace(self, stacks=False)
 
     @functools.cached_property
     def text_inputs(self) -> tuple[str, ...]:

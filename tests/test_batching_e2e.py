@@ -1,4 +1,6 @@
-"""Batching never changes a result: no batch dimension, no batching; mixed trailing shapes, no mixing."""
+"""Batching never changes a result: no batch dimension, no batching; mixed trailing shapes, no
+mixing; a free leading dimension that is no batch dimension (found by running the model at start,
+gateway/stacking_check.py), no batching."""
 
 from __future__ import annotations
 
@@ -7,8 +9,35 @@ import asyncio
 import aiohttp
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
-from tests.helpers import fixed_shape_model, rowsum_model, run_gateway, write_config
+from gateway.tools.simulate import _batchable
+from tests.helpers import fixed_shape_model, rowsum_model, run_gateway, save_model, write_config
+
+
+def transpose_model(path):
+    """x[N,M] -> y[M,N]: both leading dimensions free, neither a batch dimension."""
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])],
+        "transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "M"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", "N"])],
+    )
+    return save_model(graph, path)
+
+
+def lookup_model(path):
+    """table[K,3], idx[N] -> table[idx][N,3]: two free leading dimensions that are not one."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "lookup",
+        [
+            helper.make_tensor_value_info("table", TensorProto.FLOAT, ["K", 3]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"]),
+        ],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+    )
+    return save_model(graph, path)
 
 
 @pytest.fixture(scope="module")
@@ -16,11 +45,15 @@ def gateway(tmp_path_factory):
     folder = tmp_path_factory.mktemp("batching")
     fixed_shape_model(folder / "fixed.onnx")
     rowsum_model(folder / "rowsum.onnx")
+    transpose_model(folder / "transpose.onnx")
+    lookup_model(folder / "lookup.onnx")
     config = write_config(
         folder / "config.toml",
         {
             "fixed": {"path": "fixed.onnx", "sla_ms": 100, "max_batch_size": 16},
             "rowsum": {"path": "rowsum.onnx", "sla_ms": 100, "max_batch_size": 16},
+            "transpose": {"path": "transpose.onnx", "sla_ms": 100, "max_batch_size": 8, "dispatch_batch": 4},
+            "lookup": {"path": "lookup.onnx", "sla_ms": 100, "max_batch_size": 8, "dispatch_batch": 4},
         },
     )
     with run_gateway(config) as gateway:
@@ -59,3 +92,36 @@ async def test_requests_batch_only_with_equal_trailing_shapes(gateway):
         (output,) = answer["outputs"]
         assert output["shape"] == [x.shape[0], 1]
         assert np.allclose(np.asarray(output["data"]), x.sum(axis=1), rtol=1e-5)
+
+
+async def test_a_leading_dimension_that_is_no_batch_dimension_is_not_batched(gateway):
+    # Stacked, four clients' [1,4] rows came back as columns of everyone's (client 0 got
+    # [[1, 11, 21, 31]]), and two clients' tables were joined so that one read the other's rows.
+    rows = [np.arange(4, dtype=np.float32) + 10 * i for i in range(16)]
+    bodies = [{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": x.tolist()}]} for x in rows]
+    answers = await _post_all(gateway.base, "transpose", bodies)
+    for x, answer in zip(rows, answers, strict=True):
+        assert answer["outputs"][0]["shape"] == [4, 1] and answer["outputs"][0]["data"] == x.tolist()
+    tables = [np.full((3, 3), i, dtype=np.float32) + np.arange(3, dtype=np.float32)[:, None] / 10 for i in range(16)]
+    bodies = [
+        {
+            "inputs": [
+                {"name": "table", "shape": [3, 3], "datatype": "FP32", "data": t.ravel().tolist()},
+                {"name": "idx", "shape": [2], "datatype": "INT64", "data": [2, 0]},
+            ]
+        }
+        for t in tables
+    ]
+    answers = await _post_all(gateway.base, "lookup", bodies)  # K = 3, N = 2: refused as stacked rows that disagree
+    for t, answer in zip(tables, answers, strict=True):
+        assert np.allclose(np.asarray(answer["outputs"][0]["data"]).reshape(2, 3), t[[2, 0]])
+    for model in ("transpose", "lookup"):
+        assert gateway.admin(model)["max_batch_size"] == 0
+    assert gateway.admin("rowsum")["max_batch_size"] == 16  # a true batch dimension keeps its batching
+
+
+def test_the_simulator_batches_what_serve_batches(tmp_path):
+    assert _batchable(rowsum_model(tmp_path / "rowsum.onnx"))
+    assert not _batchable(fixed_shape_model(tmp_path / "fixed.onnx"))
+    assert not _batchable(transpose_model(tmp_path / "transpose.onnx"))
+    assert not _batchable(lookup_model(tmp_path / "lookup.onnx"))

@@ -11,23 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnx import TensorProto, helper
-
 from gateway.config import load_config
 from gateway.dispatch_setup import dispatch_core_of, gpu_scheduler_of
 from gateway.tools.simulate import simulate_config
-from tests.helpers import save_model
-
-
-def fixed_shape_model(path: Path) -> Path:
-    """x[1,4] -> y[1,4]: no free leading dimension, so requests cannot be stacked."""
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "fixed",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-    )
-    return save_model(graph, path)
+from tests.helpers import fixed_shape_model
 
 
 def gpu_config(
