@@ -266,7 +266,7 @@ class Engine:
         metrics.export_totals(self.totals, lambda: {gpu.id: gpu.restarts for gpu in self.gpu_executors})
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
-        self._outputs: dict[int, tuple[list[dict[str, np.ndarray]], float, BatchTiming]] = {}
+        self._outputs: dict[int, tuple[list[dict[str, np.ndarray] | RequestFailed], float, BatchTiming]] = {}
         # Per GPU executor, up to when the live page has its busy time: a batch sent before the
         # one ahead of it ended (the default's pipelining) counts only from that end on.
         self._gpu_busy_shown: dict[str, float] = {}
@@ -1151,12 +1151,43 @@ class Engine:
             message = f"executor {executor.id} failed: {error}"
             actions = self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message)
         except (ModelError, ValueError) as error:
-            message = f"model '{batch.model}' failed on this input: {error}"
-            actions = self.core.on_batch_failed(batch, self.now, 400, "model_error", message)
+            if len(batch.requests) > 1:
+                actions = await self._run_each_alone(executor, batch)
+            else:
+                message = f"model '{batch.model}' failed on this input: {error}"
+                actions = self.core.on_batch_failed(batch, self.now, 400, "model_error", message)
         else:
             self._outputs[batch.id] = (parts, compute_ms, timing)
             actions = self.core.on_batch_done(batch, compute_ms, self.now)
         self._carry_out(actions)
+
+    async def _run_each_alone(self, executor: SupervisedExecutor, batch: Batch) -> list[Action]:
+        """A batch of several requests that the model refused: each request runs alone on the
+        same executor, so that a bad input fails its own request only. Failed together, every
+        client was told that its input was bad, in words that carried another client's input."""
+        hang_s = self.models[batch.model].config.hang_timeout_s
+        parts: list[dict[str, np.ndarray] | RequestFailed] = []
+        compute_ms = 0.0
+        began = time.perf_counter()
+        try:
+            for request in batch.requests:
+                try:
+                    outputs, ms = await asyncio.wait_for(executor.infer(batch.model, request.payload.inputs), hang_s)
+                except (ModelError, ValueError) as error:
+                    message = f"model '{batch.model}' failed on this input: {error}"
+                    parts.append(RequestFailed(message, 400, "model_error", dispatched=request.dispatched))
+                else:
+                    parts.append(outputs)
+                    compute_ms += ms
+        except TimeoutError:
+            executor.kill_hung(f"no reply to a request of a refused batch within {hang_s:g} s (hang_timeout_ms)")
+            message = f"executor {executor.id} failed: it did not answer within {hang_s:g} s and was killed (hung)"
+            return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message)
+        except ExecutorFailed as error:
+            return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, f"executor {executor.id} failed: {error}")
+        timing = BatchTiming.measured(batch.rows, 0.0, time.perf_counter() - began, compute_ms, 0.0)
+        self._outputs[batch.id] = (parts, compute_ms, timing)
+        return self.core.on_batch_done(batch, compute_ms, self.now)
 
     async def _execute(
         self, executor: SupervisedExecutor, batch: Batch, inputs: dict[str, np.ndarray]
@@ -1211,7 +1242,9 @@ class Engine:
         for request, part in zip(batch.requests, parts, strict=True):
             queue_ms = (batch.started - request.arrival) * 1000
             series.queue_seconds.observe(queue_ms / 1000)
-            if request.id in live:
+            if request.id in live and isinstance(part, RequestFailed):  # its own input refused (_run_each_alone)
+                self._settle(request.id, error=part)
+            elif request.id in live:
                 result = Result(
                     part, device, batch.rows, queue_ms, compute_ms, batch.executor, timing, request.rows, batch.started, now
                 )

@@ -26,6 +26,20 @@ def transpose_model(path):
     return save_model(graph, path)
 
 
+def table_model(path):
+    """idx[N] -> table[idx][N,3] with a 10-row table of its own: a true batch dimension, and an
+    index over 9 a bad input of one request."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "table",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+        [table],
+    )
+    return save_model(graph, path)
+
+
 def lookup_model(path):
     """table[K,3], idx[N] -> table[idx][N,3]: two free leading dimensions that are not one."""
     graph = helper.make_graph(
@@ -47,6 +61,7 @@ def gateway(tmp_path_factory):
     rowsum_model(folder / "rowsum.onnx")
     transpose_model(folder / "transpose.onnx")
     lookup_model(folder / "lookup.onnx")
+    table_model(folder / "table.onnx")
     config = write_config(
         folder / "config.toml",
         {
@@ -54,6 +69,7 @@ def gateway(tmp_path_factory):
             "rowsum": {"path": "rowsum.onnx", "sla_ms": 100, "max_batch_size": 16},
             "transpose": {"path": "transpose.onnx", "sla_ms": 100, "max_batch_size": 8, "dispatch_batch": 4},
             "lookup": {"path": "lookup.onnx", "sla_ms": 100, "max_batch_size": 8, "dispatch_batch": 4},
+            "table": {"path": "table.onnx", "sla_ms": 1000, "max_batch_size": 8, "dispatch_batch": 4},
         },
     )
     with run_gateway(config) as gateway:
@@ -125,3 +141,31 @@ def test_the_simulator_batches_what_serve_batches(tmp_path):
     assert not _batchable(fixed_shape_model(tmp_path / "fixed.onnx"))
     assert not _batchable(transpose_model(tmp_path / "transpose.onnx"))
     assert not _batchable(lookup_model(tmp_path / "lookup.onnx"))
+
+
+async def test_one_requests_bad_input_fails_that_request_only(gateway):
+    # Batched with a bad index, three good requests were refused 400 in words that carried the
+    # bad request's index; each now runs alone once its batch is refused.
+    before = gateway.admin("table")["stats"]["outcomes"]
+    async with aiohttp.ClientSession() as session:
+
+        async def one(index: int) -> tuple[int, int, dict]:
+            body = {"inputs": [{"name": "idx", "shape": [1], "datatype": "INT64", "data": [index]}]}
+            async with session.post(f"{gateway.base}/v2/models/table/infer", json=body) as response:
+                return index, response.status, await response.json()
+
+        answers = []
+        for _ in range(5):
+            answers += await asyncio.gather(*(one(i) for i in (1, 2, 100, 3)))
+    batched = 0
+    for index, status, answer in answers:
+        if index == 100:
+            assert status == 400 and "failed on this input" in answer["error"], answer
+        else:
+            assert status == 200, answer
+            assert answer["outputs"][0]["data"] == [3.0 * index, 3.0 * index + 1, 3.0 * index + 2]
+            batched += answer["parameters"]["batch_size"] > 1
+    assert batched > 0  # the good requests did share batches with the bad one's
+    after = gateway.admin("table")["stats"]["outcomes"]
+    assert after.get("model_error", 0) - before.get("model_error", 0) == 5
+    assert after.get("success", 0) - before.get("success", 0) == 15
