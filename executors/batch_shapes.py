@@ -50,8 +50,8 @@ def why_not_on_zeros(session: ort.InferenceSession) -> str | None:
 
 def why_not_fixed(session: ort.InferenceSession) -> str | None:
     """Why a model cannot run at fixed batch sizes (None: it can): its inputs must run on zeros
-    (``why_not_on_zeros``: a batch is padded with them), and every input and output must have a
-    free leading batch dimension and no other."""
+    (``why_not_on_zeros``: a batch is padded with them), every input and output must have a
+    free leading batch dimension and no other, and a row of zeros must run."""
     reason = why_not_on_zeros(session)
     if reason:
         return reason
@@ -62,6 +62,11 @@ def why_not_fixed(session: ort.InferenceSession) -> str | None:
                 return f"{kind} {spec['name']} has no free batch dimension: {spec['shape']}"
             if -1 in spec["shape"][1:]:
                 return f"{kind} {spec['name']} has a free dimension besides the batch: {spec['shape']}"
+    zeros = {spec["name"]: np.zeros([1, *spec["shape"][1:]], KSERVE_TO_NUMPY[spec["datatype"]]) for spec in signature["inputs"]}
+    try:
+        session.run(None, zeros)
+    except Exception as error:
+        return f"it fails on a row of zeros, which would pad its batches: {type(error).__name__}: {error}"
     return None
 
 
@@ -83,10 +88,20 @@ class FixedBatchSession:
         return self.sessions[self.sizes[0]].get_providers()
 
     def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray]) -> list[Any]:
-        rows = next(iter(feeds.values())).shape[0]
-        size = next((s for s in self.sizes if s >= rows), None)
-        if size is None:  # larger than the largest size (the gateway never sends one): as it is
+        leading = {a.shape[0] if a.ndim else None for a in feeds.values()}
+        rows = next(iter(leading))
+        size = next((s for s in self.sizes if rows is not None and s >= rows), None) if len(leading) == 1 else None
+        if size is None:
+            # Larger than the largest size (the gateway never sends one), or inputs whose leading
+            # dimensions differ (no batch dimension to pad): as it is.
             return self.sessions[self.sizes[-1]].run(names, feeds)
-        if size > rows:
-            feeds = {name: np.concatenate([a, np.zeros((size - rows, *a.shape[1:]), a.dtype)]) for name, a in feeds.items()}
-        return [np.asarray(output)[:rows] for output in self.sessions[size].run(names, feeds)]
+        if size == rows:
+            return self.sessions[size].run(names, feeds)
+        padded = {name: np.concatenate([a, np.zeros((size - rows, *a.shape[1:]), a.dtype)]) for name, a in feeds.items()}
+        try:
+            outputs = self.sessions[size].run(names, padded)
+        except Exception:
+            # A zero row the model refuses (an index it offsets out of range, say), where the
+            # batch's own rows are valid: unpadded, the batch answers for itself (or fails on its own).
+            return self.sessions[size].run(names, feeds)
+        return [np.asarray(output)[:rows] for output in outputs]

@@ -10,13 +10,43 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 from executors.batch_shapes import FixedBatchSession, batch_sizes, why_not_fixed
 from executors.process import ProcessExecutor
 from executors.worker import fix_batch_sizes, open_session
 from gateway.config import load_config
 from gateway.node import build_node_executors
-from tests.helpers import flag_values, write_gpu_config
+from tests.helpers import flag_values, save_model, write_gpu_config
+
+
+def offset_lookup_model(path):
+    """idx[N] -> table[idx - 11]: the indices 1-10 are valid, and a row of zeros is not."""
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["idx", "eleven"], ["j"]), helper.make_node("Gather", ["table", "j"], ["y"], axis=0)],
+        "offset_lookup",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [
+            helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)]),
+            helper.make_tensor("eleven", TensorProto.INT64, [], [11]),
+        ],
+    )
+    return str(save_model(graph, path))
+
+
+def two_lengths_model(path):
+    """table[K,3], idx[N] -> table[idx]: two free leading dimensions that are not one batch."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)],
+        "two_lengths",
+        [
+            helper.make_tensor_value_info("table", TensorProto.FLOAT, ["K", 3]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+    )
+    return str(save_model(graph, path))
 
 
 @pytest.mark.parametrize(
@@ -78,6 +108,28 @@ def test_models_with_other_free_dimensions_run_each_batch_at_its_own_size(exampl
     assert why_not_fixed(open_session(str(example_models / "mlp.onnx"), 1, "cpu", 0)) is None
     reason = why_not_fixed(open_session(str(example_models / "ppocr_det.onnx"), 1, "cpu", 0))
     assert "input x has a free dimension besides the batch" in reason
+
+
+def test_a_model_that_refuses_a_row_of_zeros_is_not_padded_with_them(tmp_path):
+    # Padded with a zero row, a batch of three valid indices failed as a whole.
+    path = offset_lookup_model(tmp_path / "offset.onnx")
+    assert "fails on a row of zeros" in why_not_fixed(open_session(path, 1, "cpu", 0))
+    sessions = {"offset": open_session(path, 1, "cpu", 0)}
+    fix_batch_sizes(sessions, {"offset": 8}, lambda name: open_session(path, 1, "cpu", 0))
+    assert not isinstance(sessions["offset"], FixedBatchSession)
+    # Fixed all the same (a zero row that fails only past the first), a batch answers for itself.
+    fixed = FixedBatchSession(open_session(path, 1, "cpu", 0), lambda: open_session(path, 1, "cpu", 0), 8)
+    idx = np.array([1, 5, 10], np.int64)
+    (y,) = fixed.run(None, {"idx": idx})
+    assert np.array_equal(y, np.arange(30, dtype=np.float32).reshape(10, 3)[idx - 11])
+
+
+def test_inputs_whose_leading_dimensions_differ_run_as_they_are(tmp_path):
+    path = two_lengths_model(tmp_path / "two.onnx")
+    fixed = FixedBatchSession(open_session(path, 1, "cpu", 0), lambda: open_session(path, 1, "cpu", 0), 8)
+    table = np.arange(9, dtype=np.float32).reshape(3, 3)
+    (y,) = fixed.run(None, {"table": table, "idx": np.array([2, 0], np.int64)})
+    assert np.array_equal(y, table[[2, 0]])  # padded to 4 and cut to the table's 3 rows, it had 3
 
 
 async def test_the_gpu_executor_answers_a_padded_batch_with_its_own_rows(example_models, tmp_path):
