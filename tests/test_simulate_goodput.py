@@ -188,6 +188,12 @@ def test_a_zoo_whose_slos_outlast_the_run_is_refused_not_widened_for_ever(tmp_pa
     assert "4x the zoo's upper bound" in done.stderr and "SLOs of up to 1e+06 ms" in done.stderr
     with pytest.raises(NoEdgeFound):
         bisect_load(lambda load: True, 1.0, 2.0, 0.1, max_widenings=2)
+    # A tiny alpha against a long SLO: the bound overflowed floor() (a traceback), and is 1e303
+    # requests/s, which no run can offer.
+    zoo.write_text("model,alpha_ms,beta_ms,slo_ms\ntiny,1e-300,0,1e300\n")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "requests a run of 0.2 s, over the 20,000,000 a run" in done.stderr
 
 
 def test_a_config_whose_arrivals_all_come_at_once_still_reports(tmp_models: Path):

@@ -37,6 +37,7 @@ __all__ = [
     "BAD_LIMIT",
     "FLAT_TOP_MULTIPLES",
     "IDLE_MULTIPLES",
+    "GoodputUnmeasurable",
     "NoEdgeFound",
     "bisect_load",
     "even_split",
@@ -68,7 +69,16 @@ MAX_WIDENINGS = 30
 BOUND_WIDENINGS = 2
 
 
-class NoEdgeFound(RuntimeError):
+# A bisection runs a dozen simulations near the zoo's upper bound: past this many requests in
+# one (the bound times the run's length) it would run for hours, or exhaust the memory.
+MAX_REQUESTS_A_RUN = 20_000_000
+
+
+class GoodputUnmeasurable(RuntimeError):
+    """The goodput of this zoo cannot be measured in runs of this length."""
+
+
+class NoEdgeFound(GoodputUnmeasurable):
     """Every load tried passed: the bisection has no edge to find."""
 
 
@@ -108,7 +118,8 @@ def upper_bound_rps(zoo: Sequence[ZooModel], gpus: int, slo_fraction: float = 1.
     """
     ms_per_request = 0.0
     for model in zoo:
-        batch = math.floor((slo_fraction * model.slo_ms - model.fixed_ms) / model.per_item_ms)
+        # At most 2**53 (a float's whole numbers): a tiny alpha against a long SLO overflowed floor().
+        batch = math.floor(min((slo_fraction * model.slo_ms - model.fixed_ms) / model.per_item_ms, 2.0**53))
         if batch < 1:
             return 0.0
         ms_per_request += model.per_item_ms + model.fixed_ms / batch
@@ -224,6 +235,12 @@ def _bisect(task: _Bisection) -> tuple[_Bisection, float, list[dict[str, Any]]]:
     bound = upper_bound_rps(task.zoo, task.gpus)
     if bound == 0:
         return task, 0.0, probes
+    if bound * task.duration_s > MAX_REQUESTS_A_RUN:
+        raise GoodputUnmeasurable(
+            f"the zoo's upper bound of {bound:g} requests/s is {bound * task.duration_s:g} requests a run of "
+            f"{task.duration_s:g} s, over the {MAX_REQUESTS_A_RUN:,} a run that a bisection can afford: "
+            "give fewer GPUs, a shorter --duration, or models whose alpha is not so small against their SLO"
+        )
     # The bound is seldom reached (requests wait, bursts come): start the bracket under it.
     try:
         goodput = bisect_load(passes, bound / 2, bound, task.tolerance * bound, BOUND_WIDENINGS)

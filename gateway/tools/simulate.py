@@ -664,7 +664,7 @@ def _shapes(spec: str) -> list[float | None]:
 
 def _run_goodput(args: argparse.Namespace) -> int:
     # The measuring builds on this module, so it is imported only when asked for.
-    from gateway.tools.goodput import NoEdgeFound, markdown, measure
+    from gateway.tools.goodput import GoodputUnmeasurable, markdown, measure
 
     zoo = load_zoo(args.zoo)
     policies = _policies(args.policies, (DEFAULT_POLICY, *BASELINES))
@@ -681,7 +681,7 @@ def _run_goodput(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             progress=lambda line: print(line, flush=True),
         )
-    except NoEdgeFound as error:
+    except GoodputUnmeasurable as error:
         raise SystemExit(f"gateway simulate: {error}") from None
     print()
     print(markdown(report, DEFAULT_POLICY, BASELINES))
