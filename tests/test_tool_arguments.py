@@ -95,6 +95,8 @@ def test_cpu_profiles_that_are_no_times_or_of_no_model_are_refused(tmp_path, tmp
     for profile in ("m=nan,1", "m=-5,-5", "m=0,0"):
         assert "finite numbers of at least 0, not both 0" in _refused([*argv, "--cpu-profile", profile], capsys)
     assert "--cpu-profile other: not a model of" in _refused([*argv, "--cpu-profile", "other=0.5,1"], capsys)
+    # None for a model with a CPU executor: it was left out, and every request timed out.
+    assert "no --cpu-profile for m: a model with a CPU executor needs its l(b)" in _refused(argv, capsys)
 
 
 def test_wrong_inputs_are_named(tmp_path, tmp_models, capsys):

@@ -501,6 +501,14 @@ def simulate_config(
     gpu_only = sorted(name for name in cpu_profiles if name in config.models and config.models[name].cpu is None)
     if gpu_only:
         raise SystemExit(f"gateway simulate: --cpu-profile {', '.join(gpu_only)}: no CPU executor (cpu_executor = false)")
+    # Without its l(b) a CPU executor cannot be simulated: left out, a CPU-only config timed out
+    # every request and said nothing.
+    missing = sorted(name for name, model in config.models.items() if model.cpu is not None and name not in cpu_profiles)
+    if missing:
+        raise SystemExit(
+            f"gateway simulate: no --cpu-profile for {', '.join(missing)}: a model with a CPU executor needs its "
+            "l(b) (MODEL=PER_ITEM_MS,FIXED_MS, as GET /admin/models/NAME gives it), or cpu_executor = false"
+        )
     if config.node.gpus and config.gpu.executor != "emulated":
         raise SystemExit('gateway simulate: the config\'s GPUs must be emulated ([gpu] executor = "emulated") to be simulated')
     models = []
