@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tools.goodput import NoEdgeFound, bisect_load, meets_slo, upper_bound_rps, zoo_arrivals
+from gateway.tools.goodput import NoEdgeFound, bisect_load, markdown, measure, meets_slo, upper_bound_rps, zoo_arrivals
 from gateway.tools.simulate import SimModel, Simulation, ZooModel, even_split, load_zoo, simulate, simulate_config
-from schedulers.gpu import DEFAULT_POLICY
+from schedulers.gpu import BASELINES, DEFAULT_POLICY
 from tests.helpers import ROOT
 
 # Two models that a GPU serves at about 540 requests/s (upper_bound_rps), with batches of 10-15.
@@ -194,6 +194,18 @@ def test_a_zoo_whose_slos_outlast_the_run_is_refused_not_widened_for_ever(tmp_pa
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "requests a run of 0.2 s, over the 20,000,000 a run" in done.stderr
+
+
+def test_the_report_of_baselines_alone_has_no_empty_summary():
+    # --policies edf: the summary of the default against the baselines was a header and no row.
+    report = measure({"tiny": TINY}, gpus=2, shapes=[None], policies=["edf"], seeds=[0], duration_s=0.5)
+    text = markdown(report, DEFAULT_POLICY, BASELINES)
+    assert "best baseline" not in text and "## tiny" in text
+    assert "best baseline" in markdown(
+        measure({"tiny": TINY}, gpus=2, shapes=[None], policies=[DEFAULT_POLICY, "edf"], seeds=[0], duration_s=0.5),
+        DEFAULT_POLICY,
+        BASELINES,
+    )
 
 
 def test_a_config_whose_arrivals_all_come_at_once_still_reports(tmp_models: Path):

@@ -457,10 +457,11 @@ def _cell(value: float, digits: int = 3) -> str:
 def markdown(report: Mapping[str, Any], default: str | None = None, baselines: Sequence[str] = (), worst: int = 3) -> str:
     """The report as Markdown tables: per zoo and shape, goodput, flat-top, idle and signals,
     and the worst models at the peak. With ``default`` and ``baselines``, the ratios of the
-    default's goodput to the best baseline's (the default itself left out of the baselines)."""
+    default's goodput to the best baseline's (the default itself left out of the baselines),
+    where the default was measured."""
     lines: list[str] = []
     gpus = report["gpus"]
-    if default is not None:
+    if default is not None and default in report["policies"]:  # not measured: no ratios to give (no empty table)
         lines += [*summary_table(report, default, baselines), ""]
     for zoo_name, zoo in report["zoos"].items():
         half = zoo["upper_bound_half_slo_rps"]
