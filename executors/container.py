@@ -40,6 +40,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import psutil
 import requests
 from docker.models.containers import Container
@@ -51,8 +52,10 @@ from executors.names import safe_name
 log = logging.getLogger("executors")
 # How long an exited container's output may take to reach the gateway before it says how it ended.
 RELAY_JOIN_S = 2.0
-# Threads for the Docker SDK's blocking calls (a container's wait blocks one for its whole life),
-# and connections kept open to the daemon.
+# Threads for the Docker SDK's short blocking calls, and connections kept open to the daemon. A
+# container's wait, which blocks for its whole life, has a thread of its own (``wait_apart``):
+# in the pool, 64 containers' waits held every thread, and the 64th executor's next call
+# queued for ever (a gateway of 64 Docker models never became ready, and said nothing).
 POOL_THREADS = 64
 
 HOST_RUNTIME_IMAGE = "sla-gateway-executor:host"
@@ -102,8 +105,7 @@ class DockerBackend:
         self.owner = _owner()
         self.client: docker.DockerClient | None = None
         self.nvidia = False
-        # Waiting for a container to exit blocks a thread for its whole life: one each, not the
-        # event loop's small default pool.
+        # The SDK's calls block: they run in threads, not on the event loop.
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="docker")
 
     def connect(self) -> None:
@@ -123,7 +125,11 @@ class DockerBackend:
         self.nvidia = "nvidia" in info.get("Runtimes", {})
         try:
             self.client.images.get(self.image)
-        except docker.errors.ImageNotFound:
+        except (docker.errors.NullResource, docker.errors.InvalidRepository) as error:
+            raise DockerUnavailable(f"[docker] image {self.image!r} is no image name: {error}") from None
+        except docker.errors.APIError as error:
+            if error.status_code != 404:  # the daemon's "invalid reference format", say
+                raise DockerUnavailable(f"[docker] image {self.image!r}: {error.explanation or error}") from None
             if not self.host_runtime:
                 raise DockerUnavailable(
                     f"the executor image {self.image!r} is not on this Docker daemon: build it with "
@@ -163,6 +169,27 @@ class DockerBackend:
     async def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: function(*args, **kwargs))
 
+    @staticmethod
+    async def wait_apart(function: Any, *args: Any, **kwargs: Any) -> Any:
+        """A call that blocks for as long as a container lives, in a thread of its own."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        def run() -> None:
+            try:
+                result, error = function(*args, **kwargs), None
+            except BaseException as raised:  # handed to the awaiting coroutine, as run_in_executor does
+                result, error = None, raised
+            with contextlib.suppress(RuntimeError):  # the event loop closed first: no one waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=run, name="docker-wait", daemon=True).start()
+        return await future
+
 
 def import_host_image(client: docker.DockerClient, tag: str = HOST_RUNTIME_IMAGE) -> None:
     """Make the host-runtime image with ``docker import`` (no registry needed)."""
@@ -201,19 +228,26 @@ class DockerExecutor(SupervisedExecutor):
         """Where the container sees the socket directory: the same path, or the image's."""
         return self.socket_path.parent if self.docker.host_runtime else Path(IMAGE_SOCKET_DIR)
 
-    def _mounts(self) -> tuple[dict[str, dict[str, str]], dict[str, Path]]:
-        """Bind mounts, and where each model file is seen inside the container."""
-        volumes: dict[str, dict[str, str]] = {}
+    def _mounts(self) -> tuple[list[docker.types.Mount], dict[str, Path]]:
+        """Bind mounts, and where each model file is seen inside the container. Mounts, not
+        volumes: for a source that is missing (a model file deleted, then its container
+        restarted) the daemon makes a directory of a volume's, owned by root, which the model
+        file put back then went into; a mount's is refused, and the restart is tried again."""
+        sources: dict[str, tuple[str, bool]] = {}  # host path -> (path inside, read-only)
         if self.docker.host_runtime:
             for path in {"/usr", sys.base_prefix, sys.prefix, str(_PROJECT_ROOT), "/etc/ld.so.cache"}:
-                volumes[path] = {"bind": path, "mode": "ro"}
+                sources[path] = (path, True)
             inside = {name: path.resolve() for name, path in self.models.items()}
         else:
             inside = {name: Path(IMAGE_MODELS_DIR) / f"{name}.onnx" for name in self.models}
         for name, path in self.models.items():
-            volumes[str(path.resolve())] = {"bind": str(inside[name]), "mode": "ro"}
-        volumes[str(self.socket_path.parent)] = {"bind": str(self._socket_dir_inside), "mode": "rw"}
-        return volumes, inside
+            sources[str(path.resolve())] = (str(inside[name]), True)
+        sources[str(self.socket_path.parent)] = (str(self._socket_dir_inside), False)
+        mounts = [
+            docker.types.Mount(target, source, type="bind", read_only=read_only)
+            for source, (target, read_only) in sources.items()
+        ]
+        return mounts, inside
 
     def _command(self, inside: dict[str, Path]) -> list[str]:
         arguments = self.worker_arguments(f"unix:{self._socket_dir_inside / self.socket_path.name}", inside)
@@ -222,13 +256,13 @@ class DockerExecutor(SupervisedExecutor):
 
     async def _launch(self) -> Container:
         assert self.docker.client is not None
-        volumes, inside = self._mounts()
+        mounts, inside = self._mounts()
         self._launches += 1
         options: dict[str, Any] = {
             "command": self._command(inside),
             "name": f"sla-gw-{os.getpid()}-{safe_name(self.id)}-{self._instance}-{self._launches}",
             "labels": {LABEL: self.id, OWNER_LABEL: self.docker.owner},
-            "volumes": volumes,
+            "mounts": mounts,
             "network_mode": "host",
             "detach": True,
         }
@@ -236,7 +270,10 @@ class DockerExecutor(SupervisedExecutor):
             options |= {"environment": {"PYTHONPATH": str(_PROJECT_ROOT), "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}}
             options |= {"working_dir": "/tmp"}
         if self.memory_mb is not None:
-            options |= {"mem_limit": f"{int(self.memory_mb)}m", "memswap_limit": f"{int(self.memory_mb)}m"}
+            # In bytes, as the process backend counts it: "0m" (memory_mb 0.5) was no limit at
+            # all to Docker, and 100.9 MB was 100. Under Docker's least (6 MB), the daemon refuses it.
+            limit = int(self.memory_mb * 2**20)
+            options |= {"mem_limit": limit, "memswap_limit": limit}
         if self.device == "cpu":
             quota, period = cfs_bandwidth(self.cores, self.cfs_period_us)
             options |= {"cpu_period": period, "cpu_quota": quota}
@@ -260,11 +297,19 @@ class DockerExecutor(SupervisedExecutor):
         return container
 
     def _run_unless_stopped(self, options: dict[str, Any]) -> Container:
-        """``containers.run``, in the pool's thread. A stop() meanwhile cancels the coroutine that
-        waits for it, not the thread: the container made is removed here when the stop came
-        before it was, or by stop() (``_launched``) when it came after."""
+        """Create the container and start it, in the pool's thread. A stop() meanwhile cancels the
+        coroutine that waits for it, not the thread: the container made is removed here when the
+        stop came before it was, or by stop() (``_launched``) when it came after. One that is
+        made but does not start (no python in the image, say) is removed here too, where
+        ``containers.run`` left it behind, "created"."""
         assert self.docker.client is not None
-        container = self._launched = self.docker.client.containers.run(self.docker.image, **options)
+        container = self._launched = self.docker.client.containers.create(self.docker.image, **options)
+        try:
+            container.start()
+        except BaseException:
+            with contextlib.suppress(*DAEMON_ERRORS):
+                container.remove(force=True)
+            raise
         if self._stopping:
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
@@ -295,7 +340,7 @@ class DockerExecutor(SupervisedExecutor):
 
     async def _wait_exit(self, handle: Container) -> str:
         try:
-            status = await self.docker.call(handle.wait)
+            status = await self.docker.wait_apart(handle.wait)
         except docker.errors.NotFound:
             return "container removed"
         except DAEMON_ERRORS as error:

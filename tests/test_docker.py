@@ -26,7 +26,7 @@ import tritonclient.http as triton
 from docker.models.containers import ContainerCollection
 
 import executors.lifecycle
-from executors.container import LABEL, OWNER_LABEL, DockerBackend, DockerExecutor
+from executors.container import LABEL, OWNER_LABEL, DockerBackend, DockerExecutor, DockerUnavailable
 from executors.lifecycle import ExecutorStartError
 from tests.helpers import ROOT, busy_model, fixed_shape_model, run_gateway
 from tests.test_executor_crash import BODY, _load
@@ -325,16 +325,16 @@ def test_a_container_removed_while_leftovers_are_listed_is_skipped(docker_backen
 async def test_an_executor_stopped_while_its_container_is_made_leaves_none(
     docker_backend, client, monkeypatch, example_models, tmp_path
 ):
-    """stop() cancels the coroutine that waits for containers.run, not the pool's thread that
-    runs it: the container the daemon made afterwards was left behind (an unload or a SIGTERM
-    during a restart), and start() never returned."""
-    run = docker_backend.client.containers.run
+    """stop() cancels the coroutine that waits for the container to be made, not the pool's
+    thread that makes it: the container the daemon made afterwards was left behind (an unload or
+    a SIGTERM during a restart), and start() never returned."""
+    create = docker_backend.client.containers.create
 
-    def slow_run(*args, **kwargs):
+    def slow_create(*args, **kwargs):
         time.sleep(1.0)  # the daemon is still making it when stop() comes
-        return run(*args, **kwargs)
+        return create(*args, **kwargs)
 
-    monkeypatch.setattr(docker_backend.client.containers, "run", slow_run)
+    monkeypatch.setattr(docker_backend.client.containers, "create", slow_create)
     executor = DockerExecutor(
         "cut-short", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend
     )
@@ -409,3 +409,99 @@ def test_a_model_reloaded_again_and_again_is_served_each_time(client, tmp_path, 
             assert loaded.status_code == 200, (attempt, loaded.text)
             assert requests.post(f"{gateway.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=30).status_code == 200
         assert len(owned_by(client, gateway.process.pid)) == 1
+
+
+async def test_more_containers_than_the_pools_threads_all_become_ready(client, monkeypatch, example_models, tmp_path):
+    """Each container's wait held one of the pool's threads for its life: with 64 Docker models
+    the 64th executor's next call queued for ever, and the gateway never became ready (nor said
+    why). Here the pool has 2 threads and 3 containers start."""
+    import executors.container
+
+    monkeypatch.setattr(executors.container, "POOL_THREADS", 2)
+    backend = DockerBackend()
+    backend.connect()
+    started = [
+        DockerExecutor(f"pool-{i}", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=backend)
+        for i in range(3)
+    ]
+    try:
+        for executor in started:
+            await asyncio.wait_for(executor.start(), 60)
+        assert all(e.ready and e.pid for e in started)
+    finally:
+        for executor in started:
+            await executor.stop()
+        backend.close()
+
+
+async def test_a_model_file_missing_at_a_restart_is_waited_for_not_made_a_directory(
+    docker_backend, client, example_models, tmp_path
+):
+    """A volume's missing source is made a directory by the daemon (owned by root): the model
+    file copied back went into it, and the model never served again."""
+    model = tmp_path / "models" / "mlp.onnx"
+    model.parent.mkdir()
+    shutil.copy(example_models / "mlp.onnx", model)
+    executor = DockerExecutor("missing-file", {"mlp": model}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend)
+    await executor.start()
+    try:
+        model.unlink()
+        assert executor.container is not None
+        client.containers.get(executor.container.id).kill()
+        await asyncio.sleep(3.0)  # restarts tried meanwhile, each refused: the file is missing
+        assert not model.exists() and not executor.ready
+        shutil.copy(example_models / "mlp.onnx", model)
+        deadline = time.monotonic() + 60
+        while not executor.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert executor.ready and model.is_file() and executor.restarts >= 1
+    finally:
+        await executor.stop()
+
+
+async def test_a_memory_limit_is_set_in_bytes_and_one_under_dockers_least_is_refused(
+    docker_backend, client, example_models, tmp_path
+):
+    """ "0m" (memory_mb 0.5) was no limit at all to Docker; 100.9 MB was 100."""
+    executor = DockerExecutor(
+        "memory-bytes", {"mlp": example_models / "mlp.onnx"}, **KIND, memory_mb=200.5, socket_dir=tmp_path,
+        docker_backend=docker_backend,
+    )  # fmt: skip
+    await executor.start()
+    try:
+        assert executor.container is not None
+        assert client.containers.get(executor.container.id).attrs["HostConfig"]["Memory"] == int(200.5 * 2**20)
+    finally:
+        await executor.stop()
+    tiny = DockerExecutor(
+        "memory-tiny", {"mlp": example_models / "mlp.onnx"}, **KIND, memory_mb=0.5, socket_dir=tmp_path,
+        docker_backend=docker_backend,
+    )  # fmt: skip
+    with pytest.raises((ExecutorStartError, docker.errors.APIError), match="[Mm]inimum memory limit"):
+        await tiny.start()
+    await tiny.stop()
+    assert client.containers.list(all=True, filters={"label": f"{LABEL}=memory-tiny"}) == []
+
+
+async def test_a_container_that_cannot_start_is_not_left_behind(client, example_models, tmp_path):
+    """The host-runtime image has no python of its own: taken as a self-contained image, its
+    container is made but does not start, and containers.run left it behind, "created"."""
+    backend = DockerBackend(host_runtime=False)
+    backend.connect()
+    executor = DockerExecutor(
+        "no-python", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=backend
+    )
+    try:
+        with pytest.raises((ExecutorStartError, docker.errors.APIError), match="python"):
+            await executor.start()
+        await executor.stop()
+        assert client.containers.list(all=True, filters={"label": f"{LABEL}=no-python"}) == []
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(("image", "words"), [("Bad Image!!", "invalid reference format"), ("", "is no image name")])
+def test_an_image_name_the_daemon_refuses_is_named_not_a_traceback(client, image, words):
+    with pytest.raises(DockerUnavailable, match=words) as refused:
+        DockerBackend(image=image).connect()
+    assert f"[docker] image {image!r}" in str(refused.value)
