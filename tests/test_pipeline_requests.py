@@ -6,6 +6,7 @@ request asks, then the example MLP."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import queue
@@ -471,3 +472,40 @@ def test_perf_analyzer_measures_a_pipeline(pipeline):
     ]
     _, sent = run_perf_analyzer_for_test("-m", "quick", "-u", pipeline.url, "--shape", "x:1,512", trials=3)
     assert sent > 0 and _outcomes(pipeline, "quick")["success"] >= sent
+
+
+def test_function_calls_that_outlive_their_requests_do_not_starve_the_pipeline(pipeline):
+    """A function call given up at its request's deadline still holds its thread (Python cannot
+    stop one): once 8 had hung, every later request of the pipeline waited in the queue to its
+    own deadline, 504, until a restart. A thread now takes each such call's place."""
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        hung = list(pool.map(lambda _: _infer(pipeline, 20.0, timeout=200_000)[0].status_code, range(10)))
+    assert hung == [504] * 10
+    for _ in range(3):
+        served, _ = _infer(pipeline, 0.0)
+        assert served.status_code == 200, served.text
+
+
+def test_step_threads_replace_calls_given_up_up_to_their_limit():
+    from gateway.pipeline.functions import StepThreads
+
+    threads = StepThreads(1, "held-test", max_held=1)
+    release = threading.Event()
+    first = threads.submit(release.wait)
+    while not first.running():
+        time.sleep(0.01)
+    threads.given_up(first)  # its thread is held: another takes the queue
+    assert threads.submit(lambda: "served").result(timeout=5) == "served"
+    second = threads.submit(release.wait)
+    while not second.running():
+        time.sleep(0.01)
+    threads.given_up(second)  # over max_held: not replaced, the next call waits for a thread
+    third = threads.submit(lambda: "later")
+    time.sleep(0.2)
+    assert not third.done() and threads.held == 1
+    release.set()
+    assert third.result(timeout=5) == "later"
+    deadline = time.monotonic() + 5
+    while threads.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads.held == 0  # the held thread ended with its call

@@ -51,13 +51,21 @@ class StepThreads(Executor):
     exit. A function that never returns is waited for no longer than its request's deadline,
     but a ThreadPoolExecutor's threads are joined when the interpreter exits: a gateway that had
     drained and stopped its executors after SIGTERM never exited (a second signal did nothing).
-    Daemon threads end with the process; what runs in them is beyond its requests by then."""
+    Daemon threads end with the process; what runs in them is beyond its requests by then.
 
-    def __init__(self, count: int, name: str):
-        self._count, self._name = count, name
+    A call given up at its deadline still holds its thread (Python cannot stop a thread): once
+    ``count`` such calls hung, every later request of the pipeline waited in the queue to its own
+    deadline. ``given_up`` starts a thread in its place, and the held one ends when its call
+    does; at most ``max_held`` are replaced so, and past that the pipeline runs short of threads
+    (a function that hangs at every call would otherwise make a thread of every request)."""
+
+    def __init__(self, count: int, name: str, max_held: int = 64):
+        self._count, self._name, self._max_held = count, name, max_held
         self._jobs: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple, dict]] = queue.SimpleQueue()
         self._started = False
         self._lock = threading.Lock()
+        self._given_up: set[Future] = set()  # calls past their deadline, each replaced by a thread
+        self._threads = 0  # started so far, for the names
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
@@ -65,9 +73,29 @@ class StepThreads(Executor):
         with self._lock:
             if not self._started:  # started at the first call: a pipeline never asked holds none
                 self._started = True
-                for number in range(self._count):
-                    threading.Thread(target=self._work, name=f"{self._name}_{number}", daemon=True).start()
+                for _ in range(self._count):
+                    self._start_thread()
         return future
+
+    def given_up(self, future: Future) -> None:
+        """The caller no longer waits for ``future``: a thread takes its place while it runs on."""
+        with self._lock:
+            if future.done() or future in self._given_up or len(self._given_up) >= self._max_held:
+                return
+            # Still queued: cancelled, no thread held. Returned meanwhile: its thread goes on.
+            if not future.cancel() and not future.done():
+                self._given_up.add(future)
+                self._start_thread()
+
+    @property
+    def held(self) -> int:
+        """Threads held by calls given up and not yet returned."""
+        with self._lock:
+            return len(self._given_up)
+
+    def _start_thread(self) -> None:
+        self._threads += 1
+        threading.Thread(target=self._work, name=f"{self._name}_{self._threads}", daemon=True).start()
 
     def _work(self) -> None:
         while True:
@@ -80,3 +108,7 @@ class StepThreads(Executor):
                 future.set_exception(error)
             else:
                 future.set_result(result)
+            with self._lock:
+                if future in self._given_up:  # another thread took this one's place meanwhile
+                    self._given_up.discard(future)
+                    return

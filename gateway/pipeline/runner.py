@@ -162,11 +162,16 @@ class PipelineRuntime:
         function = self.functions[step.name]
         where = f"pipeline '{self.name}', step '{step.name}'"
         left_s = deadline.left_s(where)  # past it, a 504: inside the try below it was taken for the function's failure (500)
+        call = self.threads.submit(_call, function, arrays)
         try:
             async with asyncio.timeout(left_s):
-                outputs = await asyncio.get_running_loop().run_in_executor(self.threads, _call, function, arrays)
+                outputs = await asyncio.wrap_future(call)
         except TimeoutError:
+            self.threads.given_up(call)
             raise deadline.passed(where) from None
+        except asyncio.CancelledError:  # the client left, or the request was withdrawn
+            self.threads.given_up(call)
+            raise
         except ValueError as error:
             raise StepFailed(f"pipeline '{self.name}', step '{step.name}' refused the input: {error}", 400, "invalid") from None
         except Exception as error:
