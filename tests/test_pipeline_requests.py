@@ -130,13 +130,45 @@ function = "steps.py:counts"
 inputs = { x = "request/x" }
 outputs = ["v"]
 """
+CONFIG += """
+[models.lookup]
+path = "lookup.onnx"
+sla_ms = 1000
+max_batch_size = 8
+max_queue_size = 16
+cpu = { cores = 0.5, threads = 1 }
+
+[pipelines.looks]
+sla_ms = 2000
+inputs = [{ name = "idx", datatype = "INT64", shape = [-1] }]
+outputs = [{ name = "rows", datatype = "FP32", shape = [-1, 3], source = "model/rows" }]
+
+[[pipelines.looks.steps]]
+name = "model"
+model = "lookup"
+inputs = { idx = "request/idx" }
+"""
 # Its function's second output is sent only where the request asks for pipeline_steps.
 CONFIG += _function_then_mlp("noted", "with_none", outputs=["x", "note"])
+
+
+def lookup_model(path):
+    """idx[N] -> rows[N,3] of a table of 10: an index past 9 is an input the model refuses."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "lookup",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+        [table],
+    )
+    return save_model(graph, path)
 
 
 @pytest.fixture
 def pipeline(tmp_path, example_models):
     shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    lookup_model(tmp_path / "lookup.onnx")
     (tmp_path / "steps.py").write_text(FUNCTIONS)
     (tmp_path / "config.toml").write_text(CONFIG)
     grpc_port = free_port()
@@ -162,6 +194,12 @@ def _infer(gateway, seconds: float, **parameters) -> tuple[requests.Response, fl
 def _outcomes(gateway, model: str) -> dict[str, int]:
     stats = requests.get(f"{gateway.base}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
     return {"success": stats["inference_stats"]["success"]["count"], "fail": stats["inference_stats"]["fail"]["count"]}
+
+
+def _received(gateway, model: str) -> float:
+    line = f'gateway_requests_received_total{{model="{model}"}} '
+    found = [row for row in gateway.metrics().splitlines() if row.startswith(line)]
+    return float(found[0].split()[-1]) if found else 0.0
 
 
 def _metric(gateway, model: str, outcome: str) -> float:
@@ -375,20 +413,24 @@ def test_integers_a_function_gives_are_narrowed_only_where_they_fit(pipeline):
     assert beyond.json()["error"] == "pipeline 'counted', output 'v': a value beyond UINT8's range (0 to 255)"
 
 
-def test_a_refused_chunk_withdraws_its_requests_other_chunks(pipeline):
-    """40 chunks of 8 rows on a queue of 16: the chunks past it are refused at once (429), and the
-    ones queued were then all served for a request that had already failed. Those taken back are
-    counted withdrawn on the model, not client_gone (its client stayed for the 429)."""
-    before = _metric(pipeline, "mlp", "success")
-    response = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=_rows(8 * 40), timeout=30)
-    assert response.status_code == 429, response.text
+def test_a_failed_chunk_withdraws_its_requests_other_chunks(pipeline):
+    """40 chunks of 8 indices, the fifth of which holds one past the model's table: the chunks
+    still queued behind it were all served for a request that had already failed. Those taken
+    back are counted withdrawn on the model, not client_gone (its client stayed for the 400)."""
+    indices = [1] * 320
+    indices[4 * 8 + 3] = 100
+    outcomes = ("success", "model_error", "withdrawn", "client_gone")
+    before = {o: _metric(pipeline, "lookup", o) for o in outcomes}
+    received = _received(pipeline, "lookup")
+    body = {"inputs": [{"name": "idx", "datatype": "INT64", "shape": [320], "data": indices}]}
+    response = requests.post(f"{pipeline.base}/v2/models/looks/infer", json=body, timeout=30)
+    assert response.status_code == 400 and "idx=100" in response.json()["error"], response.text
     time.sleep(1.0)  # what was left queued would have been served by now
-    served = _metric(pipeline, "mlp", "success") - before
-    assert served <= 2  # at most what was already running
-    refused, withdrawn = _metric(pipeline, "mlp", "queue_full"), _metric(pipeline, "mlp", "withdrawn")
-    assert refused >= 1 and withdrawn >= 1 and _metric(pipeline, "mlp", "client_gone") == 0
-    assert served + refused + withdrawn == 40, (served, refused, withdrawn)
-    assert requests.get(f"{pipeline.base}/admin/models/mlp", timeout=10).json()["stats"]["outcomes"]["withdrawn"] == withdrawn
+    served, failed, withdrawn, gone = (_metric(pipeline, "lookup", o) - before[o] for o in outcomes)
+    assert failed == 1 and withdrawn >= 1 and gone == 0, (served, failed, withdrawn, gone)
+    assert served <= 4 + 2  # the four before it, and what was already running beside it
+    # Every chunk that reached the model's queue ended once; those still waiting for the window never reached it.
+    assert served + failed + withdrawn == _received(pipeline, "lookup") - received
 
 
 def test_a_pipelines_priority_is_its_steps_and_checked(pipeline):
@@ -509,3 +551,18 @@ def test_step_threads_replace_calls_given_up_up_to_their_limit():
     while threads.held and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threads.held == 0  # the held thread ended with its call
+
+
+def test_a_request_of_more_chunks_than_the_models_queue_holds_is_served(pipeline):
+    """200 rows of a model of max_batch_size 8 are 25 requests of the MLP, whose queue holds 16:
+    all sent at once, the ones past 16 were refused 429, and the pipeline's request with them.
+    They now enter the queue a quarter of it at a time."""
+    x = np.random.default_rng(3).random((200, 512), dtype=np.float32)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [200, 512], "data": x.ravel().tolist()}]}
+    answer = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (y,) = answer.json()["outputs"]
+    assert y["shape"] == [200, 512]
+    one = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 512], "data": x[7].tolist()}]}
+    alone = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=one, timeout=60).json()["outputs"][0]["data"]
+    assert np.allclose(np.asarray(y["data"]).reshape(200, 512)[7], alone, atol=1e-5)

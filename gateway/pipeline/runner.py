@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 NUMPY_TO_KSERVE = {dtype: name for name, dtype in KSERVE_TO_NUMPY.items()}
 # Threads of each pipeline's function steps: as many of its requests' functions run at once.
 FUNCTION_THREADS = 8
+# A step's chunks in its model's queue at once, at most (and at most a quarter of the queue).
+MAX_CHUNKS_IN_FLIGHT = 64
 T = TypeVar("T")
 # The outcome of a step model's request taken back because another chunk or step of its pipeline
 # request failed (it is also the message of that cancellation, which tells it from a client that left).
@@ -207,41 +209,47 @@ class PipelineRuntime:
             return {
                 t.name: np.zeros((0, *(max(d, 0) for d in t.shape[1:])), KSERVE_TO_NUMPY[t.datatype]) for t in signature.outputs
             }
-        # A step's rows beyond the model's largest batch go as several requests, served at once.
+        # A step's rows beyond the model's largest batch go as several requests, served side by side.
         limit = runtime.config.max_batch_size
         chunks = [arrays]
         if signature.batchable:
             chunks = [{k: v[i : i + limit] for k, v in arrays.items()} for i in range(0, rows, limit)]
 
+        # The chunks enter the model's queue a window at a time: all at once, a request of
+        # 200,000 rows (25,000 chunks) filled the queue, most were refused 429, and other
+        # clients' requests were refused with them.
+        window = asyncio.Semaphore(max(1, min(MAX_CHUNKS_IN_FLIGHT, runtime.config.max_queue_size // 4)))
+
         async def one(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            request = InferRequest(
-                None,
-                chunk,
-                [RequestedOutput(t.name, True) for t in signature.outputs],
-                next(iter(chunk.values())).shape[0] if signature.batchable else 1,
-                timeout_us=max(1, round(deadline.left_s(where) * 1e6)),  # the model's queue times it out
-                priority=priority,  # the pipeline's request's level, in each step model's queue
-            )
-            engine.received(runtime)
-            arrival, result, outcome = time.perf_counter(), None, "internal_error"
-            try:
-                result = await engine.submit(runtime, request, arrival)
-                outcome = "success"
-                return result.outputs
-            except RequestFailed as error:
-                outcome = error.outcome
-                if error.outcome == "timeout":
-                    raise deadline.passed(where) from None
-                raise StepFailed(f"{where}: {error}", error.status, error.outcome) from None
-            except InvalidRequest as error:  # what the step's model refuses before queueing it (BYTES not UTF-8)
-                outcome = "invalid"
-                raise StepFailed(f"{where}: {error}", error.status, outcome) from None
-            except asyncio.CancelledError as cancelled:
-                # Withdrawn where another chunk or step of the request failed; else its client left.
-                outcome = WITHDRAWN if cancelled.args == (WITHDRAWN,) else "client_gone"
-                raise
-            finally:
-                engine.record(runtime, outcome, arrival, result)
+            async with window:
+                request = InferRequest(
+                    None,
+                    chunk,
+                    [RequestedOutput(t.name, True) for t in signature.outputs],
+                    next(iter(chunk.values())).shape[0] if signature.batchable else 1,
+                    timeout_us=max(1, round(deadline.left_s(where) * 1e6)),  # the model's queue times it out
+                    priority=priority,  # the pipeline's request's level, in each step model's queue
+                )
+                engine.received(runtime)
+                arrival, result, outcome = time.perf_counter(), None, "internal_error"
+                try:
+                    result = await engine.submit(runtime, request, arrival)
+                    outcome = "success"
+                    return result.outputs
+                except RequestFailed as error:
+                    outcome = error.outcome
+                    if error.outcome == "timeout":
+                        raise deadline.passed(where) from None
+                    raise StepFailed(f"{where}: {error}", error.status, error.outcome) from None
+                except InvalidRequest as error:  # what the step's model refuses before queueing it (BYTES not UTF-8)
+                    outcome = "invalid"
+                    raise StepFailed(f"{where}: {error}", error.status, outcome) from None
+                except asyncio.CancelledError as cancelled:
+                    # Withdrawn where another chunk or step of the request failed; else its client left.
+                    outcome = WITHDRAWN if cancelled.args == (WITHDRAWN,) else "client_gone"
+                    raise
+                finally:
+                    engine.record(runtime, outcome, arrival, result)
 
         parts = await _all_or_none([one(c) for c in chunks])
         return {t.name: np.concatenate([p[t.name] for p in parts]) for t in signature.outputs}
