@@ -132,3 +132,18 @@ def test_arrivals_that_are_no_times_are_named(arrivals, words, tmp_path, tmp_mod
     argv = ["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", str(tmp_path / "arrivals.json")]
     said = _refused([*argv, "--cpu-profile", "m=0.5,1"], capsys)
     assert f"gateway simulate: {words}" in said
+
+
+def test_simulate_options_that_the_chosen_mode_does_not_read_are_refused(tmp_path, tmp_models, capsys):
+    """--gpus with --config was ignored silently (the config's node.gpus decide), as --shapes with --rate."""
+    zoo = tmp_path / "zoo.csv"
+    zoo.write_text("model,alpha_ms,beta_ms,slo_ms\nm,1,2,50\n")
+    (tmp_models / "good.toml").write_text("[models.m]\npath = 'mlp.onnx'\nsla_ms = 50\n")
+    (tmp_path / "arrivals.json").write_text('[[0.1, "m"]]')
+    config = ["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", str(tmp_path / "arrivals.json")]
+    said = _refused([*config, "--cpu-profile", "m=0.5,1", "--gpus", "4", "--duration", "3"], capsys)
+    assert "--duration, --gpus: not read by --config" in said
+    said = _refused(["simulate", "--zoo", str(zoo), "--rate", "10", "--shapes", "0.3", "--arrivals", str(zoo)], capsys)
+    assert "--arrivals, --shapes: not read by --zoo --rate" in said
+    said = _refused(["simulate", "--zoo", str(zoo), "--goodput", "--rate", "10", "--cpu-profile", "m=1,1"], capsys)
+    assert "--cpu-profile, --rate: not read by --zoo --goodput" in said

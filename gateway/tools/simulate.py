@@ -614,7 +614,31 @@ def _cpu_profiles(specs: list[str]) -> dict[str, tuple[float, float]]:
     return profiles
 
 
+# What each mode reads, besides --seed and --output; any other option given is refused, not
+# ignored (--gpus with --config was: the config's node.gpus decide).
+MODE_OPTIONS = {
+    "config": {"config", "arrivals", "cpu_profile"},
+    "rate": {"zoo", "rate", "gpus", "shape", "policies", "duration", "dispatch_delay_ms"},
+    "goodput": {"zoo", "goodput", "gpus", "policies", "duration", "dispatch_delay_ms", "shapes", "seeds", "tolerance", "jobs"},
+}
+
+
+MODE_NAMES = {"config": "--config", "rate": "--zoo --rate", "goodput": "--zoo --goodput"}
+
+
+def _refuse_options_of_other_modes(args: argparse.Namespace) -> None:
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    mode = "config" if args.config is not None else "goodput" if args.goodput else "rate"
+    options = set().union(*MODE_OPTIONS.values())
+    stray = sorted(o for o in options - MODE_OPTIONS[mode] if getattr(args, o) != defaults.get_default(o))
+    if stray:
+        named = ", ".join("--" + option.replace("_", "-") for option in stray)
+        raise SystemExit(f"gateway simulate: {named}: not read by {MODE_NAMES[mode]}")
+
+
 def run(args: argparse.Namespace) -> int:
+    _refuse_options_of_other_modes(args)
     results = []
     if args.config is not None:
         if args.arrivals is None:
