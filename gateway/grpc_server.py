@@ -25,7 +25,6 @@ metadata is the stream's: its ``x-request-id`` names each of its requests.)
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import time
@@ -55,7 +54,7 @@ from gateway.engine import RequestFailed
 from gateway.observe import REQUEST_ID_HEADER, RequestRecord, new_request_id, report, usable_request_id
 from gateway.protocol import InvalidRequest, parse_infer_request, refuse_shared_memory
 from gateway.repository import load_from_repository, repository_index
-from gateway.routes import NOT_SERVED
+from gateway.routes import NOT_SERVED, bearer_token_matches
 
 if TYPE_CHECKING:
     from gateway.engine import Engine, ModelRuntime, Result
@@ -489,16 +488,16 @@ class TokenGuard(grpc.aio.ServerInterceptor):
     admin token (HTTP's /v2/repository), the others the data token (/v2); health stays open."""
 
     def __init__(self, token: str | None, admin_token: str | None = None):
-        self.expected = f"Bearer {token}".encode() if token else None
-        self.admin = f"Bearer {admin_token}".encode() if admin_token else None
+        self.expected, self.admin = token or None, admin_token or None
 
     async def intercept_service(self, continuation, details):
         method = details.method.rsplit("/", 1)[-1]
         which, expected = ("admin", self.admin) if method in REPOSITORY_METHODS else ("data", self.expected)
         if expected is None or method in OPEN_METHODS:
             return await continuation(details)
-        given = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, expected):
+        # The first authorization entry, as HTTP reads the first header, in HTTP's forms.
+        given = next((v for k, v in details.invocation_metadata or () if k == "authorization"), "")
+        if bearer_token_matches(given.encode() if isinstance(given, str) else given, expected):
             return await continuation(details)
         return _refuse_unauthenticated(which)
 

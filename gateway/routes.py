@@ -9,6 +9,7 @@ server's guard and by the document's ``security``.
 
 from __future__ import annotations
 
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,13 @@ from gateway.ui.live import DEFAULT_SECONDS
 from gateway.ui.series import SECONDS
 
 Plane = Literal["admin", "data"]
+
+
+def bearer_token_matches(authorization: bytes, token: str) -> bool:
+    """Whether an Authorization value carries ``token``: ``Bearer TOKEN``, the scheme in any
+    case and spaces around the token allowed (RFC 9110 11.1), read the same over HTTP and gRPC."""
+    scheme, _, given = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token.encode())
 
 
 def plane(path: str) -> Plane | None:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import functools
 import gc
-import hmac
 import logging
 import sys
 import time
@@ -32,7 +31,7 @@ from gateway.observe import REQUEST_ID_HEADER, new_request_id, observe, record_o
 from gateway.openapi import openapi_document
 from gateway.protocol import LARGE_BYTES, InferRequest, InvalidRequest, Limits, encode_infer_response, parse_infer_request
 from gateway.repository import load_from_repository, repository_index
-from gateway.routes import ROUTES, SLA_MS_RANGE, not_served_reason, plane
+from gateway.routes import ROUTES, SLA_MS_RANGE, bearer_token_matches, not_served_reason, plane
 from gateway.stopping import start_unless_stopped, stop_on_signals
 from gateway.tracing import RequestTracer, start_tracing
 from gateway.ui.assets import ASSETS, PAGE, read_asset
@@ -140,12 +139,12 @@ def bearer_guard(admin_token: str | None, data_token: str | None) -> Middleware:
         needs = plane(request.path)
         token, name = tokens[needs] if needs is not None else (None, "")
         if token is not None:
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             # aiohttp reads header bytes as UTF-8 with surrogateescape: back to the same bytes, so
             # that a token that is not UTF-8 is a wrong token rather than an error.
-            given_bytes = given.strip().encode("utf-8", "surrogateescape")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, token.encode()):
-                problem = "the bearer token is wrong" if scheme.lower() == "bearer" else "no 'Authorization: Bearer' header"
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not bearer_token_matches(given, token):
+                bearer = given.partition(b" ")[0].lower() == b"bearer"
+                problem = "the bearer token is wrong" if bearer else "no 'Authorization: Bearer' header"
                 return error_response(401, f"the {name} needs a bearer token: {problem}", {"WWW-Authenticate": "Bearer"})
         return await handler(request)
 

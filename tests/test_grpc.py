@@ -177,6 +177,14 @@ def test_the_data_token_is_metadata_and_health_stays_open(tmp_models):
             "mlp", [_tensor("x", np.zeros((1, 512), np.float32))], headers={"authorization": "Bearer s3cret-data-token"}
         )
         assert result.as_numpy("y").shape == (1, 512)
+        # The forms HTTP takes: the scheme in any case, spaces around the token (gRPC wanted
+        # exactly "Bearer TOKEN"); the wrong token in them is still refused.
+        for form in ("bearer s3cret-data-token", "BEARER  s3cret-data-token "):
+            answer = client.infer("mlp", [_tensor("x", np.zeros((1, 512), np.float32))], headers={"authorization": form})
+            assert answer.as_numpy("y").shape == (1, 512)
+            with pytest.raises(InferenceServerException) as wrong:
+                client.infer("mlp", [_tensor("x", np.zeros((1, 512), np.float32))], headers={"authorization": form + "x"})
+            assert wrong.value.status() == "StatusCode.UNAUTHENTICATED"
         # A stream is refused as a call is.
         tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 512])
         request = service_pb2.ModelInferRequest(
