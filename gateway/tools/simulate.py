@@ -571,7 +571,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_POLICY} and the baselines {', '.join(BASELINES)})",
     )
     parser.add_argument("--duration", type=positive_float, default=10.0, help="virtual seconds per run")
-    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument(
+        "--seed", type=seed, default=0, help="arrivals' and CPU round robin's seed (with --config, [policy] seed wins)"
+    )
     parser.add_argument(
         "--dispatch-delay-ms", type=non_negative_float, default=0.0, metavar="MEAN",
         help="mean of the exponential delay from the core's Start to the GPU executor; a batch received after its "
