@@ -233,19 +233,21 @@ class DockerExecutor(SupervisedExecutor):
         volumes: for a source that is missing (a model file deleted, then its container
         restarted) the daemon makes a directory of a volume's, owned by root, which the model
         file put back then went into; a mount's is refused, and the restart is tried again."""
-        sources: dict[str, tuple[str, bool]] = {}  # host path -> (path inside, read-only)
+        # Path inside -> (host path, read-only): keyed by where it is seen, since two models may
+        # name one file, each seen at a path of its own in a self-contained image.
+        targets: dict[str, tuple[str, bool]] = {}
         if self.docker.host_runtime:
             for path in {"/usr", sys.base_prefix, sys.prefix, str(_PROJECT_ROOT), "/etc/ld.so.cache"}:
-                sources[path] = (path, True)
+                targets[path] = (path, True)
             inside = {name: path.resolve() for name, path in self.models.items()}
         else:
             inside = {name: Path(IMAGE_MODELS_DIR) / f"{name}.onnx" for name in self.models}
         for name, path in self.models.items():
-            sources[str(path.resolve())] = (str(inside[name]), True)
-        sources[str(self.socket_path.parent)] = (str(self._socket_dir_inside), False)
+            targets[str(inside[name])] = (str(path.resolve()), True)
+        targets[str(self._socket_dir_inside)] = (str(self.socket_path.parent), False)
         mounts = [
             docker.types.Mount(target, source, type="bind", read_only=read_only)
-            for source, (target, read_only) in sources.items()
+            for target, (source, read_only) in targets.items()
         ]
         return mounts, inside
 

@@ -505,3 +505,20 @@ def test_an_image_name_the_daemon_refuses_is_named_not_a_traceback(client, image
     with pytest.raises(DockerUnavailable, match=words) as refused:
         DockerBackend(image=image).connect()
     assert f"[docker] image {image!r}" in str(refused.value)
+
+
+def test_two_models_of_one_file_are_each_mounted_in_a_self_contained_image(tmp_path, example_models):
+    """In a self-contained image each model is seen at /models/NAME.onnx: keyed by the host's
+    path, two models of one file got one mount, and the first one's file was not in the container."""
+    backend = DockerBackend(host_runtime=False)  # not connected: the mounts are the executor's own arithmetic
+    executor = DockerExecutor(
+        "gpu-shared", {"fast": example_models / "mlp.onnx", "slow": example_models / "mlp.onnx"}, **KIND,
+        socket_dir=tmp_path, docker_backend=backend,
+    )  # fmt: skip
+    try:
+        mounts, inside = executor._mounts()
+        mounted = {m["Target"]: m["Source"] for m in mounts}
+        assert {str(p) for p in inside.values()} == {"/models/fast.onnx", "/models/slow.onnx"}
+        assert all(mounted[str(p)] == str((example_models / "mlp.onnx").resolve()) for p in inside.values())
+    finally:
+        backend.close()
