@@ -52,7 +52,7 @@ from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
-from gateway.stacking_check import why_stacking_changes_results
+from gateway.stacking_check import why_stacking_changes_results, why_stacking_changes_results_here
 from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from gateway.ui.series import LiveSeries, PeriodOf
@@ -266,7 +266,9 @@ class Engine:
         metrics.export_totals(self.totals, lambda: {gpu.id: gpu.restarts for gpu in self.gpu_executors})
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
-        self._outputs: dict[int, tuple[list[dict[str, np.ndarray] | RequestFailed], float, BatchTiming]] = {}
+        # Per batch: its requests' outputs (or own errors), compute ms, timing, and whether its
+        # requests ran one at a time (_run_each_alone).
+        self._outputs: dict[int, tuple[list[dict[str, np.ndarray] | RequestFailed], float, BatchTiming, bool]] = {}
         # Per GPU executor, up to when the live page has its busy time: a batch sent before the
         # one ahead of it ended (the default's pipelining) counts only from that end on.
         self._gpu_busy_shown: dict[str, float] = {}
@@ -444,10 +446,13 @@ class Engine:
         """Seed the model's latency profiles with a short profiling run on each kind of device that
         serves it, then hand the model to the dispatch core."""
         assert runtime.signature is not None
-        checker = next((e for e in (*runtime.executors, *runtime.gpu_executors) if e.ready), None)
-        if checker is not None and runtime.signature.batchable and runtime.config.max_batch_size > 1:
-            hang_s = runtime.config.hang_timeout_s
-            reason = await why_stacking_changes_results(checker, runtime.name, runtime.signature, hang_s)
+        if runtime.signature.batchable and runtime.config.max_batch_size > 1:
+            checker = next((e for e in runtime.executors if e.ready), None)
+            if checker is not None:
+                hang_s = runtime.config.hang_timeout_s
+                reason = await why_stacking_changes_results(checker, runtime.name, runtime.signature, hang_s)
+            else:  # served by GPUs alone: checked here, not where the dispatch core counts what a GPU holds
+                reason = await why_stacking_changes_results_here(runtime.name, runtime.config.path, runtime.signature)
             if reason is not None:
                 log.warning("model %s: served one request at a time: batching changes results (%s)", runtime.name, reason)
                 runtime.signature = runtime.signature.unstacked()
@@ -1157,7 +1162,7 @@ class Engine:
                 message = f"model '{batch.model}' failed on this input: {error}"
                 actions = self.core.on_batch_failed(batch, self.now, 400, "model_error", message)
         else:
-            self._outputs[batch.id] = (parts, compute_ms, timing)
+            self._outputs[batch.id] = (parts, compute_ms, timing, False)
             actions = self.core.on_batch_done(batch, compute_ms, self.now)
         self._carry_out(actions)
 
@@ -1171,6 +1176,10 @@ class Engine:
         began = time.perf_counter()
         try:
             for request in batch.requests:
+                future = self._futures.get(request.id)
+                if future is None or future.done():  # timed out or its client left meanwhile: not run for nothing
+                    parts.append({})
+                    continue
                 try:
                     outputs, ms = await asyncio.wait_for(executor.infer(batch.model, request.payload.inputs), hang_s)
                 except (ModelError, ValueError) as error:
@@ -1186,8 +1195,9 @@ class Engine:
         except ExecutorFailed as error:
             return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, f"executor {executor.id} failed: {error}")
         timing = BatchTiming.measured(batch.rows, 0.0, time.perf_counter() - began, compute_ms, 0.0)
-        self._outputs[batch.id] = (parts, compute_ms, timing)
-        return self.core.on_batch_done(batch, compute_ms, self.now)
+        self._outputs[batch.id] = (parts, compute_ms, timing, True)
+        # The time of several runs of one request is no batch's l(b): the profiles learn nothing.
+        return self.core.on_batch_done(batch, compute_ms, self.now, learn=False)
 
     async def _execute(
         self, executor: SupervisedExecutor, batch: Batch, inputs: dict[str, np.ndarray]
@@ -1230,7 +1240,7 @@ class Engine:
 
     def _finish(self, action: Finish) -> None:
         batch = action.batch
-        parts, compute_ms, timing = self._outputs.pop(batch.id)
+        parts, compute_ms, timing, ran_alone = self._outputs.pop(batch.id)
         self.models[batch.model].statistics.executed(timing, round((self.now + self._epoch_offset_s) * 1000))
         series = self.metrics.for_model(batch.model)
         series.batch_size.observe(batch.rows)
@@ -1245,8 +1255,9 @@ class Engine:
             if request.id in live and isinstance(part, RequestFailed):  # its own input refused (_run_each_alone)
                 self._settle(request.id, error=part)
             elif request.id in live:
+                size = request.rows if ran_alone else batch.rows
                 result = Result(
-                    part, device, batch.rows, queue_ms, compute_ms, batch.executor, timing, request.rows, batch.started, now
+                    part, device, size, queue_ms, compute_ms, batch.executor, timing, request.rows, batch.started, now
                 )
                 self._settle(request.id, result)
 

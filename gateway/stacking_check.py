@@ -2,23 +2,27 @@
 
 A free leading dimension on every input and output (``ModelSignature.batchable``) is what a
 batch dimension looks like, but not every such dimension is one: ``x[N, M] -> y[M, N]`` (a
-transpose), ``x[N, M] -> sum[M]`` (a sum over the rows), or ``table[K, 3], idx[N] -> table[idx]``
-(two unrelated free dimensions) all have it, and stacked requests then read each other's rows.
-ONNX Runtime reports a free dimension without saying which it is, and names cannot decide it
-either (exporters name an output's batch dimension apart from its input's, as PP-OCR's do).
+transpose), ``x[N, M] -> sum[M]`` (a sum over the rows), ``table[K, 3], idx[N] -> table[idx]``
+(two unrelated free dimensions) or a sort of the rows all have it, and stacked requests then
+read each other's rows. ONNX Runtime reports a free dimension without saying which it is, and
+names cannot decide it either (exporters name an output's batch dimension apart from its
+input's, as PP-OCR's do).
 
 So it is run, once per model at start (gateway/engine.py, before the profiling run): two
-requests of one row each, alone and then stacked. The stacked run must answer two rows in every
-output, the first the first request's results and the second the second's. Float inputs differ
-between the two requests (values in [0, 1)), so a batch that mixes rows shows; integer inputs are
-zeros in both (an index into anything), booleans false and strings empty. A model that fails the
-check is served one request at a time, as one without a batch dimension is.
+requests of two rows each, alone, then stacked in either order. Each stacked run must answer
+four rows in every output, each request's two its own results. The requests differ in every
+row: floats are drawn at random, and integers, booleans and strings carry the row's number
+within its request in the first request (0, 1) and the other way round in the second (1, 0),
+so that an integer used as an index stays within the request's own rows. A model that fails
+the check is served one request at a time, as one without a batch dimension is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -28,62 +32,115 @@ from gateway.signature import ModelSignature
 
 log = logging.getLogger("gateway")
 
-# A row computed in a batch of two may differ from the same row alone in the last bits (kernels
-# pick other blockings per batch size); mixed rows differ by far more.
+# A row computed in a batch of four may differ from the same row in a batch of two in the last
+# bits (kernels pick other blockings per batch size); mixed rows differ by far more.
 RELATIVE_TOLERANCE = 1e-3
 ABSOLUTE_TOLERANCE = 1e-5
+ROWS = 2  # each request's
+
+Outputs = dict[str, np.ndarray]
 
 
-def _request(signature: ModelSignature, seed: int) -> dict[str, np.ndarray]:
-    """One row of the model's sample inputs (profiling's), its floats drawn from ``seed``."""
+def _request(signature: ModelSignature, seed: int, row_numbers: list[int]) -> dict[str, np.ndarray]:
+    """Profiling's sample inputs at ``ROWS`` rows, filled row by row: floats drawn from ``seed``,
+    anything else the row's number of ``row_numbers``."""
     rng = np.random.default_rng(seed)
-    inputs = sample_inputs(signature, 1)
+    inputs = sample_inputs(signature, ROWS)
     for name, array in inputs.items():
         if array.dtype.kind == "f":
             inputs[name] = rng.random(array.shape).astype(array.dtype)
+            continue
+        for row, number in enumerate(row_numbers):
+            array[row] = str(number).encode() if array.dtype == np.object_ else number
     return inputs
+
+
+def check_requests(signature: ModelSignature) -> list[dict[str, np.ndarray]]:
+    """The check's runs: the two requests alone, then stacked in either order."""
+    first, second = _request(signature, 1, [0, 1]), _request(signature, 2, [1, 0])
+    return [first, second, *({n: np.concatenate([a[n], b[n]]) for n in first} for a, b in ((first, second), (second, first)))]
 
 
 def _differs(name: str, alone: np.ndarray, stacked: np.ndarray, which: str) -> str | None:
     if alone.shape != stacked.shape:
         return f"output '{name}' of the {which} request has shape {list(alone.shape)} alone, {list(stacked.shape)} stacked"
     if alone.dtype.kind in "fc":
-        scale = float(np.nanmax(np.abs(alone))) if alone.size and not np.isnan(alone).all() else 0.0
+        finite = np.abs(alone[np.isfinite(alone)])
+        scale = float(finite.max()) if finite.size else 0.0
         same = np.allclose(stacked, alone, rtol=RELATIVE_TOLERANCE, atol=ABSOLUTE_TOLERANCE * max(1.0, scale), equal_nan=True)
     else:
         same = np.array_equal(stacked, alone)
     return None if same else f"output '{name}' of the {which} request is not the same stacked as alone"
 
 
-def check_requests(signature: ModelSignature) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The two one-row requests of the check, and the two stacked."""
-    first, second = _request(signature, 1), _request(signature, 2)
-    return first, second, {name: np.concatenate([first[name], second[name]]) for name in first}
-
-
-def why_results_differ(alone: list[dict[str, np.ndarray]], stacked: dict[str, np.ndarray]) -> str | None:
-    """Why the stacked run's outputs are not the two requests' own, row by row, or None."""
-    for name, array in stacked.items():
-        if array.ndim == 0 or array.shape[0] != 2:
-            return f"output '{name}' has shape {list(array.shape)} for two stacked requests of one row each"
-        for index, which in ((0, "first"), (1, "second")):
-            reason = _differs(name, alone[index][name], array[index : index + 1], which)
-            if reason is not None:
-                return reason
+def why_results_differ(runs: list[Outputs]) -> str | None:
+    """Why the stacked runs' outputs (``check_requests``'s order) are not the two requests' own,
+    row by row, or None."""
+    first, second, *stacked = runs
+    for order, outputs in zip(((first, second), (second, first)), stacked, strict=True):
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != 2 * ROWS:
+                return f"output '{name}' has shape {list(array.shape)} for two stacked requests of {ROWS} rows each"
+            for index, (alone, which) in enumerate(zip(order, ("first", "second"), strict=True)):
+                reason = _differs(name, alone[name], array[index * ROWS : (index + 1) * ROWS], which)
+                if reason is not None:
+                    return reason
     return None
+
+
+async def _checked(
+    model: str, run: Callable[[dict[str, np.ndarray]], Awaitable[Outputs]], signature: ModelSignature
+) -> str | None:
+    try:
+        runs = [await run(inputs) for inputs in check_requests(signature)]
+    except Exception as error:
+        log.warning("model %s: could not check that batching keeps each request's results (%s)", model, error)
+        return None
+    return why_results_differ(runs)
 
 
 async def why_stacking_changes_results(
     executor: SupervisedExecutor, model: str, signature: ModelSignature, hang_s: float
 ) -> str | None:
-    """Why stacking two requests of ``model`` changes their results, or None when it does not.
-    None too when the check cannot run (the model fails on the sample inputs): the profiling
-    run says so, and batching stays as the signature has it."""
-    first, second, stacked_inputs = check_requests(signature)
+    """Why stacking requests of ``model`` changes their results, run on its CPU ``executor``, or
+    None when it does not. None too when the check cannot run (the model fails on the sample
+    inputs): the warning says so, and batching stays as the signature has it."""
+
+    async def run(inputs: dict[str, np.ndarray]) -> Outputs:
+        return (await asyncio.wait_for(executor.infer(model, inputs), hang_s))[0]
+
+    return await _checked(model, run, signature)
+
+
+def session_runner(path: Path) -> tuple[ModelSignature, Callable[[dict[str, np.ndarray]], Outputs]]:
+    """The model's signature, and the model run in this process by ONNX Runtime on the CPU: for a
+    model that only GPUs serve, whose executors hold models as the dispatch core counts them (a
+    run there would load it behind the core's back, past a GPU's memory_mb), and for the simulator."""
+    import onnxruntime
+
+    from executors.tensors import describe
+    from executors.worker import as_onnx_feed
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+
+    def run(inputs: dict[str, np.ndarray]) -> Outputs:
+        feeds = {name: as_onnx_feed(array) for name, array in inputs.items()}
+        return dict(zip(names, session.run(names, feeds), strict=True))
+
+    return ModelSignature.from_json(describe(session)), run
+
+
+async def why_stacking_changes_results_here(model: str, path: Path, signature: ModelSignature) -> str | None:
+    """``why_stacking_changes_results`` with the model run in this process (``session_runner``),
+    off the event loop."""
+
+    async def run(inputs: dict[str, np.ndarray]) -> Outputs:
+        return await asyncio.to_thread(runner, inputs)
+
     try:
-        alone = [(await asyncio.wait_for(executor.infer(model, r), hang_s))[0] for r in (first, second)]
-        stacked, _ = await asyncio.wait_for(executor.infer(model, stacked_inputs), hang_s)
+        _, runner = await asyncio.to_thread(session_runner, path)
     except Exception as error:
         log.warning("model %s: could not check that batching keeps each request's results (%s)", model, error)
         return None
-    return why_results_differ(alone, stacked)
+    return await _checked(model, run, signature)

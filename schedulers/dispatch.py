@@ -450,14 +450,16 @@ class DispatchCore:
                 self._touched[name] = state
         return self._pump(now)
 
-    def on_batch_done(self, batch: Batch, compute_ms: float, now: float) -> list[Action]:
-        """``batch`` ran in ``compute_ms`` on its executor: its live requests are answered, the profile learns."""
+    def on_batch_done(self, batch: Batch, compute_ms: float, now: float, learn: bool = True) -> list[Action]:
+        """``batch`` ran in ``compute_ms`` on its executor: its live requests are answered, the
+        profile learns. ``learn`` False: the time is not the batch's own (the model refused the
+        batch, and its requests ran again one at a time), and no profile learns from it."""
         if self._reported_withdrawn(batch):
             return [Finish(batch, ())]
         self._release(batch, now)
         state = self.models[batch.model]
         gpu_model = state.on_gpus
-        if batch.device == GPU and gpu_model:
+        if learn and batch.device == GPU and gpu_model:
             self.gpu_scheduler.on_batch_done(batch.model, batch.rows, compute_ms)
             if batch.begins is None:  # sent to an idle GPU: all but l(b) (and a load) was the trip
                 load_s = batch.load.load_ms / 1000 if batch.load is not None else 0.0
@@ -465,7 +467,7 @@ class DispatchCore:
                 weight = ROUND_TRIP_WEIGHT if self._trips_seen else 1.0  # the first answer sets it
                 self.gpu_round_trip_s += weight * (trip_s - self.gpu_round_trip_s)
                 self._trips_seen += 1
-        elif batch.device == CPU and state.cpu_profile is not None:
+        elif learn and batch.device == CPU and state.cpu_profile is not None:
             state.cpu_profile.observe(batch.rows, compute_ms)
         live = self._end(batch.requests)
         if gpu_model and live:

@@ -9,10 +9,11 @@ import asyncio
 import aiohttp
 import numpy as np
 import pytest
+import requests
 from onnx import TensorProto, helper
 
 from gateway.tools.simulate import _batchable
-from tests.helpers import fixed_shape_model, rowsum_model, run_gateway, save_model, write_config
+from tests.helpers import fixed_shape_model, metric_value, rowsum_model, run_gateway, save_model, write_config
 
 
 def transpose_model(path):
@@ -136,11 +137,61 @@ async def test_a_leading_dimension_that_is_no_batch_dimension_is_not_batched(gat
     assert gateway.admin("rowsum")["max_batch_size"] == 16  # a true batch dimension keeps its batching
 
 
+def mixing_model(path, node, element, kind: str):
+    """One input x[N,3] of ``element`` through ``node``: row-wise mixing of a kind the check must see."""
+    inputs = [helper.make_tensor_value_info("x", element, ["N", 3])]
+    initializers = []
+    if kind == "cumsum":  # each row the sum of the rows before it: integers mix
+        initializers = [helper.make_tensor("axis", TensorProto.INT64, [], [0])]
+    if kind == "gather":  # table and index in one request; an integer or boolean table mixes
+        inputs.append(helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"]))
+    graph = helper.make_graph([node], kind, inputs, [helper.make_tensor_value_info("y", element, ["N", 3])], initializers)
+    return save_model(graph, path)
+
+
 def test_the_simulator_batches_what_serve_batches(tmp_path):
     assert _batchable(rowsum_model(tmp_path / "rowsum.onnx"))
+    assert _batchable(table_model(tmp_path / "table.onnx"))
     assert not _batchable(fixed_shape_model(tmp_path / "fixed.onnx"))
     assert not _batchable(transpose_model(tmp_path / "transpose.onnx"))
     assert not _batchable(lookup_model(tmp_path / "lookup.onnx"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "element"),
+    [("gather", TensorProto.INT64), ("gather", TensorProto.BOOL), ("cumsum", TensorProto.INT64), ("sort", TensorProto.FLOAT)],
+)
+def test_rows_that_mix_through_integers_booleans_or_an_order_are_seen(tmp_path, kind, element):
+    """Integers, booleans and strings were zeros (false, empty) in both requests of the check, and
+    a float model that sorted rows in descending order passed as the random rows happened to fall:
+    an integer table, a running sum and that sort were kept batched, and clients got each other's rows."""
+    nodes = {
+        "gather": helper.make_node("Gather", ["x", "idx"], ["y"], axis=0),
+        "cumsum": helper.make_node("CumSum", ["x", "axis"], ["y"]),
+    }
+    if kind == "sort":
+        graph = helper.make_graph(
+            [  # whole rows, largest first value first: y = x[argsort(-x[:, 0])]
+                helper.make_node("Shape", ["x"], ["shape"]),
+                helper.make_node("Slice", ["shape", "zero", "one"], ["k"]),
+                helper.make_node("Slice", ["x", "zero", "one", "one"], ["first"]),
+                helper.make_node("Reshape", ["first", "flat"], ["keys"]),
+                helper.make_node("TopK", ["keys", "k"], ["largest", "order"], largest=1),
+                helper.make_node("Gather", ["x", "order"], ["y"], axis=0),
+            ],
+            "sort",
+            [helper.make_tensor_value_info("x", element, ["N", 3])],
+            [helper.make_tensor_value_info("y", element, ["N", 3])],
+            [
+                helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+                helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+                helper.make_tensor("flat", TensorProto.INT64, [1], [-1]),
+            ],
+        )
+        path = save_model(graph, tmp_path / "sort.onnx")
+    else:
+        path = mixing_model(tmp_path / f"{kind}.onnx", nodes[kind], element, kind)
+    assert not _batchable(path)
 
 
 async def test_one_requests_bad_input_fails_that_request_only(gateway):
@@ -157,15 +208,17 @@ async def test_one_requests_bad_input_fails_that_request_only(gateway):
         answers = []
         for _ in range(5):
             answers += await asyncio.gather(*(one(i) for i in (1, 2, 100, 3)))
-    batched = 0
     for index, status, answer in answers:
         if index == 100:
             assert status == 400 and "failed on this input" in answer["error"], answer
         else:
             assert status == 200, answer
             assert answer["outputs"][0]["data"] == [3.0 * index, 3.0 * index + 1, 3.0 * index + 2]
-            batched += answer["parameters"]["batch_size"] > 1
-    assert batched > 0  # the good requests did share batches with the bad one's
+    # The requests did share batches (of more than one row), and those that ran again alone say so.
+    metrics = requests.get(f"{gateway.base}/metrics", timeout=10).text
+    single = metric_value(metrics, "gateway_batch_size_bucket", model="table", le="1.0")
+    assert metric_value(metrics, "gateway_batch_size_count", model="table") > single
+    assert any(answer.get("parameters", {}).get("batch_size") == 1 for _, status, answer in answers if status == 200)
     after = gateway.admin("table")["stats"]["outcomes"]
     assert after.get("model_error", 0) - before.get("model_error", 0) == 5
     assert after.get("success", 0) - before.get("success", 0) == 15

@@ -71,6 +71,22 @@ def test_a_request_runs_at_once_on_a_free_cpu_executor_and_finishes():
     assert core.queue_length("m") == 0
 
 
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_batch_whose_time_is_not_its_own_teaches_no_profile(gpus):
+    """A batch that the model refused ran again one request at a time: the sum of those runs
+    was learned as l(b) (3.5 s for a batch of 8 whose l(8) was 0.8 s), and later batches were cut."""
+    core = core_with(gpus=gpus, cpu=not gpus, gpu_profile=(1.0, 4.0) if gpus else None)
+    request = Request(1, "m", 0.0)
+    (start,) = of(core.on_arrival(request, 0.0), Start)
+    profile = core.models["m"].gpu_profile if gpus else core.models["m"].cpu_profile
+    before = profile.latency_ms(1)
+    done = core.on_batch_done(start.batch, 500.0, 0.5, learn=False)
+    assert done[0] == Finish(start.batch, (request,)) and profile.latency_ms(1) == before
+    (again,) = of(core.on_arrival(Request(2, "m", 1.0), 1.0), Start)
+    core.on_batch_done(again.batch, 500.0, 1.5)
+    assert profile.latency_ms(1) == 500.0  # a batch's own time is learned
+
+
 def test_a_full_queue_refuses_at_once_with_429_and_retry_after():
     core = core_with(max_queue_size=2, ready=False)
     for i in (1, 2):

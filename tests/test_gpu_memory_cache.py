@@ -167,3 +167,22 @@ def test_a_load_longer_than_the_hang_timeout_is_no_hang_and_a_gpu_lost_is_counte
         metrics = gateway.metrics()
         assert metric_value(metrics, "gateway_executor_restarts_total", executor="gpu-0", model="") == 1
         assert metric_value(metrics, "gateway_gpu_model_unloads_total", gpu="gpu-0", model="mlp") == 1
+
+
+def test_the_start_leaves_a_gpu_holding_nothing_the_core_does_not_count(tmp_path, example_models):
+    """The check that stacking keeps results ran a GPU-only model on its GPU at start, which
+    opened the model there behind the dispatch core's back: the first request's counted LOAD
+    (1 s here) was never waited for, and a GPU of memory_mb held every model. It runs in the
+    gateway's process instead, and the first request waits for its LOAD."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    (tmp_path / "gpu.csv").write_text("model,alpha_ms,beta_ms,memory_mb,load_ms\nmlp,0.2,2.0,40,1000\n")
+    (tmp_path / "config.toml").write_text(
+        '[node]\ncpu_cores = 1.0\ngpus = [0]\n\n[gpu]\nexecutor = "emulated"\nprofile = "gpu.csv"\nmemory_mb = 100\n\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 5000\nmax_batch_size = 4\ncpu_executor = false\n'
+    )
+    array = np.zeros(MODELS["mlp"], np.float32)
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        began = time.monotonic()
+        assert infer(gateway, "mlp", array).status_code == 200
+        assert time.monotonic() - began >= 1.0  # the LOAD, waited for: the GPU did not hold the model
+        assert gateway.admin("mlp")["max_batch_size"] == 4  # checked all the same, and batched

@@ -446,27 +446,19 @@ def arrivals_problem(arrivals: list[tuple[float, str]]) -> str | None:
 def _batchable(path: Path) -> bool:
     """Whether the model's requests are stacked into batches, as ``gateway serve`` finds it: a
     batch dimension in its signature, and results that stacking keeps (gateway/stacking_check.py)."""
-    import onnxruntime
-
-    from executors.tensors import describe
-    from gateway.signature import ModelSignature
-    from gateway.stacking_check import check_requests, why_results_differ
+    from gateway.stacking_check import check_requests, session_runner, why_results_differ
 
     try:
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        signature, run = session_runner(path)
     except Exception as error:  # ONNX Runtime raises its own kinds for a file it cannot read
         raise SystemExit(f"gateway simulate: {path}: ONNX Runtime cannot open it: {error}") from None
-    signature = ModelSignature.from_json(describe(session))
     if not signature.batchable:
         return False
-    names = [output.name for output in session.get_outputs()]
-    first, second, stacked = check_requests(signature)
     try:
-        alone = [dict(zip(names, session.run(names, inputs), strict=True)) for inputs in (first, second)]
-        together = dict(zip(names, session.run(names, stacked), strict=True))
+        runs = [run(inputs) for inputs in check_requests(signature)]
     except Exception:  # as serve does: a model that fails on the sample inputs keeps its batching
         return True
-    return why_results_differ(alone, together) is None
+    return why_results_differ(runs) is None
 
 
 def simulate_config(
