@@ -197,6 +197,34 @@ def rowsum_model(path: Path) -> Path:
     return save_model(graph, path)
 
 
+def table_model(path: Path) -> Path:
+    """idx[N] -> rows[N,3] of a 10-row table of its own: a true batch dimension, and an index past
+    9 an input the model refuses (one request's bad input)."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "table",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+        [table],
+    )
+    return save_model(graph, path)
+
+
+def two_lengths_model(path: Path) -> Path:
+    """table[K,3], idx[N] -> rows = table[idx]: two free leading dimensions that are not one batch."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "two_lengths",
+        [
+            helper.make_tensor_value_info("table", TensorProto.FLOAT, ["K", 3]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"]),
+        ],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+    )
+    return save_model(graph, path)
+
+
 def random_input(datatype: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
     if datatype == "BYTES":
         return np.array([f"s{i}-é".encode() for i in range(int(np.prod(shape)))], dtype=np.object_).reshape(shape)

@@ -13,7 +13,16 @@ import requests
 from onnx import TensorProto, helper
 
 from gateway.tools.simulate import _batchable
-from tests.helpers import fixed_shape_model, metric_value, rowsum_model, run_gateway, save_model, write_config
+from tests.helpers import (
+    fixed_shape_model,
+    metric_value,
+    rowsum_model,
+    run_gateway,
+    save_model,
+    table_model,
+    two_lengths_model,
+    write_config,
+)
 
 
 def transpose_model(path):
@@ -27,41 +36,13 @@ def transpose_model(path):
     return save_model(graph, path)
 
 
-def table_model(path):
-    """idx[N] -> table[idx][N,3] with a 10-row table of its own: a true batch dimension, and an
-    index over 9 a bad input of one request."""
-    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)])
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
-        "table",
-        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
-        [table],
-    )
-    return save_model(graph, path)
-
-
-def lookup_model(path):
-    """table[K,3], idx[N] -> table[idx][N,3]: two free leading dimensions that are not one."""
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
-        "lookup",
-        [
-            helper.make_tensor_value_info("table", TensorProto.FLOAT, ["K", 3]),
-            helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"]),
-        ],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
-    )
-    return save_model(graph, path)
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     folder = tmp_path_factory.mktemp("batching")
     fixed_shape_model(folder / "fixed.onnx")
     rowsum_model(folder / "rowsum.onnx")
     transpose_model(folder / "transpose.onnx")
-    lookup_model(folder / "lookup.onnx")
+    two_lengths_model(folder / "lookup.onnx")
     table_model(folder / "table.onnx")
     config = write_config(
         folder / "config.toml",
@@ -154,7 +135,7 @@ def test_the_simulator_batches_what_serve_batches(tmp_path):
     assert _batchable(table_model(tmp_path / "table.onnx"))
     assert not _batchable(fixed_shape_model(tmp_path / "fixed.onnx"))
     assert not _batchable(transpose_model(tmp_path / "transpose.onnx"))
-    assert not _batchable(lookup_model(tmp_path / "lookup.onnx"))
+    assert not _batchable(two_lengths_model(tmp_path / "lookup.onnx"))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from executors.process import ProcessExecutor
 from executors.worker import fix_batch_sizes, open_session
 from gateway.config import load_config
 from gateway.node import build_node_executors
-from tests.helpers import flag_values, save_model, write_gpu_config
+from tests.helpers import flag_values, save_model, two_lengths_model, write_gpu_config
 
 
 def offset_lookup_model(path):
@@ -31,20 +31,6 @@ def offset_lookup_model(path):
             helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)]),
             helper.make_tensor("eleven", TensorProto.INT64, [], [11]),
         ],
-    )
-    return str(save_model(graph, path))
-
-
-def two_lengths_model(path):
-    """table[K,3], idx[N] -> table[idx]: two free leading dimensions that are not one batch."""
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)],
-        "two_lengths",
-        [
-            helper.make_tensor_value_info("table", TensorProto.FLOAT, ["K", 3]),
-            helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"]),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
     )
     return str(save_model(graph, path))
 
@@ -125,7 +111,7 @@ def test_a_model_that_refuses_a_row_of_zeros_is_not_padded_with_them(tmp_path):
 
 
 def test_inputs_whose_leading_dimensions_differ_run_as_they_are(tmp_path):
-    path = two_lengths_model(tmp_path / "two.onnx")
+    path = str(two_lengths_model(tmp_path / "two.onnx"))
     fixed = FixedBatchSession(open_session(path, 1, "cpu", 0), lambda: open_session(path, 1, "cpu", 0), 8)
     table = np.arange(9, dtype=np.float32).reshape(3, 3)
     (y,) = fixed.run(None, {"table": table, "idx": np.array([2, 0], np.int64)})

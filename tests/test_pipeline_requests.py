@@ -23,7 +23,7 @@ import tritonclient.grpc as triton_grpc
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import free_port, run_gateway, save_model
+from tests.helpers import free_port, run_gateway, save_model, table_model
 from tests.perf_analyzer import run_perf_analyzer_for_test
 
 REQUEST_TIMEOUT_MS = 1500
@@ -152,23 +152,10 @@ inputs = { idx = "request/idx" }
 CONFIG += _function_then_mlp("noted", "with_none", outputs=["x", "note"])
 
 
-def lookup_model(path):
-    """idx[N] -> rows[N,3] of a table of 10: an index past 9 is an input the model refuses."""
-    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)])
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
-        "lookup",
-        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
-        [table],
-    )
-    return save_model(graph, path)
-
-
 @pytest.fixture
 def pipeline(tmp_path, example_models):
     shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
-    lookup_model(tmp_path / "lookup.onnx")
+    table_model(tmp_path / "lookup.onnx")
     (tmp_path / "steps.py").write_text(FUNCTIONS)
     (tmp_path / "config.toml").write_text(CONFIG)
     grpc_port = free_port()
