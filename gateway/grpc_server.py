@@ -528,6 +528,12 @@ async def start_grpc(handlers: Handlers, host: str, port: int, tracer: RequestTr
             # within header_timeout_s, and beyond the cap new connections are closed.
             ("grpc.server_handshake_timeout_ms", round(config.header_timeout_s * 1000)),
             ("grpc.max_allowed_incoming_connections", connection_cap(config.max_connections, descriptor_limit(), 2)),
+            # HTTP closes the oldest idle connection at its cap; gRPC has no such choice, so a
+            # connection with no call under way for a whole request_timeout_ms is closed (GOAWAY:
+            # a client's channel connects again at its next call). Connections that finished the
+            # handshake and then said nothing held their slots for good, and at the cap every
+            # gRPC client was refused.
+            ("grpc.max_connection_idle_ms", max(1, round(config.request_timeout_ms))),
             # gRPC binds with SO_REUSEPORT by default: a second gateway on the same port started,
             # and the two split the calls between them. Taken, the port is an error, as HTTP's is.
             ("grpc.so_reuseport", 0),

@@ -237,6 +237,34 @@ def test_silent_connections_to_the_grpc_port_neither_take_every_descriptor_nor_s
         assert "Too many open files" not in gateway.output()
 
 
+def test_grpc_connections_idle_after_their_handshake_are_closed(tmp_models):
+    """A connection that completes HTTP/2's handshake and then makes no call held its slot for
+    good: at max_connections every gRPC client was refused. One idle for request_timeout_ms is
+    now closed, and the cap's slots come back."""
+    import tritonclient.grpc as triton_grpc
+
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 1000, "max_batch_size": 8}})
+    config.write_text(config.read_text() + "\n[server]\nrequest_timeout_ms = 1500\nmax_connections = 8\n")
+    grpc_port = free_port()
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and an empty SETTINGS
+    settings_ack = bytes([0, 0, 0, 4, 1, 0, 0, 0, 0])
+    with run_gateway(config, args=["--grpc-port", str(grpc_port)]):
+        idle = []
+        try:
+            for _ in range(8):
+                sock = socket.create_connection(("127.0.0.1", grpc_port), timeout=2)
+                sock.sendall(preface)
+                sock.recv(1 << 16)  # the server's SETTINGS
+                sock.sendall(settings_ack)
+                idle.append(sock)
+            assert all(ends_within(sock, 6.0) for sock in idle)
+            client = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+            assert client.is_server_live()
+        finally:
+            for sock in idle:
+                sock.close()
+
+
 # -- a body that stops half-way ---------------------------------------------------------------------
 
 REQUEST_TIMEOUT_MS = 1500
