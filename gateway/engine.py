@@ -321,6 +321,7 @@ class Engine:
             asyncio.get_running_loop().call_later(1.0, self._remove_executor, executor)
             return
         del self.executors[executor.id]
+        self._cpu_seen.pop(executor.id, None)
         if executor in self.gpu_executors:
             self.gpu_executors.remove(executor)
         for runtime in self.models.values():
@@ -693,6 +694,7 @@ class Engine:
             for executor in runtime.executors:
                 await executor.stop()
                 self.executors.pop(executor.id, None)
+                self._cpu_seen.pop(executor.id, None)
             self.config.models.pop(name, None)
             del self.models[name]
             self.metrics.forget(name, [(e.id, e.device) for e in runtime.executors])
