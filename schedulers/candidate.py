@@ -9,6 +9,9 @@ they stay queued for a CPU executor, and the dispatch core refuses what no devic
     sched_at      = dl(reqs) - l(|reqs| + 1)    the last moment to grow the batch by one
     invalid_after = dl(reqs) - l(|reqs|)        past this the candidate itself misses
 
+Symphony's l grows with the batch; a measured one need not, and sched_at is then held to at
+most invalid_after (the paper's rule wherever l grows, as in every zoo).
+
 A candidate is schedulable (the non-work-conserving rule) when it holds at least beta x lambda
 requests (beta: the profile's fixed cost, lambda: the arrival rate), when it cannot grow (full,
 or the next queued request does not fit), or when now >= sched_at; a work-conserving scheduler
