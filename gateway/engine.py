@@ -453,10 +453,12 @@ class Engine:
                 hang_s = runtime.config.hang_timeout_s
                 reason = await why_stacking_changes_results(checker, runtime.name, runtime.signature, hang_s)
             else:  # served by GPUs alone: checked here, not where the dispatch core counts what a GPU holds
-                reason = await why_stacking_changes_results_here(runtime.name, runtime.config.path, runtime.signature)
+                hang_s = runtime.config.hang_timeout_s
+                reason = await why_stacking_changes_results_here(runtime.name, runtime.config.path, runtime.signature, hang_s)
             if reason is not None:
                 log.warning("model %s: served one request at a time: batching changes results (%s)", runtime.name, reason)
                 runtime.signature = runtime.signature.unstacked()
+                runtime.dispatch_batch = 1  # a planned batch of more would only hold requests back
         if runtime.executors:
             cpu = next((e for e in runtime.executors if e.ready), runtime.executors[0])
             runtime.cpu_profile = await profile_executor(cpu, runtime.name, runtime.signature, runtime.config)
