@@ -22,8 +22,10 @@ Every request ends with a result or an explicit error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
+import math
 import shutil
 import time
 from collections import deque
@@ -873,7 +875,7 @@ class Engine:
         """A planned CPU batch size (Harpagon's batch-aware dispatch; 1: none), at most max_batch_size."""
         if runtime.config.cpu is None:  # accepted, it changed nothing: only CPU batches read it
             raise InvalidRequest(f"model '{runtime.name}' has no CPU executor (cpu_executor = false): no CPU batch to plan")
-        limit = runtime.config.max_batch_size if runtime.signature is not None and runtime.signature.batchable else 1
+        limit = batch_limit(runtime.config, runtime.signature is not None and runtime.signature.batchable)
         if not 1 <= rows <= limit:
             raise InvalidRequest(
                 f"dispatch_batch must be from 1 to model '{runtime.name}''s max_batch_size, {limit} (fixed at start)"
@@ -1174,7 +1176,6 @@ class Engine:
         """A batch of several requests that the model refused: each request runs alone on the
         same executor, so that a bad input fails its own request only. Failed together, every
         client was told that its input was bad, in words that carried another client's input."""
-        hang_s = self.models[batch.model].config.hang_timeout_s
         parts: list[dict[str, np.ndarray] | RequestFailed] = []
         compute_ms = 0.0
         began = time.perf_counter()
@@ -1185,17 +1186,13 @@ class Engine:
                     parts.append({})
                     continue
                 try:
-                    outputs, ms = await asyncio.wait_for(executor.infer(batch.model, request.payload.inputs), hang_s)
+                    outputs, ms = await self._execute(executor, batch, request.payload.inputs, again=True)
                 except (ModelError, ValueError) as error:
                     message = f"model '{batch.model}' failed on this input: {error}"
                     parts.append(RequestFailed(message, 400, "model_error", dispatched=request.dispatched))
                 else:
                     parts.append(outputs)
                     compute_ms += ms
-        except TimeoutError:
-            executor.kill_hung(f"no reply to a request of a refused batch within {hang_s:g} s (hang_timeout_ms)")
-            message = f"executor {executor.id} failed: it did not answer within {hang_s:g} s and was killed (hung)"
-            return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message)
         except ExecutorFailed as error:
             return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, f"executor {executor.id} failed: {error}")
         timing = BatchTiming.measured(batch.rows, 0.0, time.perf_counter() - began, compute_ms, 0.0)
@@ -1204,11 +1201,15 @@ class Engine:
         return self.core.on_batch_done(batch, compute_ms, self.now, learn=False)
 
     async def _execute(
-        self, executor: SupervisedExecutor, batch: Batch, inputs: dict[str, np.ndarray]
+        self, executor: SupervisedExecutor, batch: Batch, inputs: dict[str, np.ndarray], again: bool = False
     ) -> tuple[dict[str, np.ndarray], float]:
         """Run the batch on its executor, which may begin it until its latest start; kill the
-        executor if it hangs. A GPU is busy from the moment the batch is sent until its answer."""
+        executor if it hangs. A GPU is busy from the moment the batch is sent until its answer.
+        ``again``: one request of a batch already run (``_run_each_alone``): past its latest
+        start, and its model loaded by then."""
         hang_s = self.models[batch.model].config.hang_timeout_s
+        if again:
+            batch = dataclasses.replace(batch, latest_start=math.inf, load=None)
         if batch.load is not None:
             # The executor loads the model first: that time is no hang (a load longer than the
             # timeout had the GPU killed at each try, and every model lost it).

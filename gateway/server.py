@@ -99,7 +99,7 @@ async def expect_continue(request: web.Request, observed: Middleware) -> web.Str
     id, and an infer request's is logged and traced as any other refusal is."""
     if request.headers.get("Expect", "").lower() != "100-continue":
         return await observed(request, _refuse_expectation)
-    if request.content_length is not None and request.content_length > request.client_max_size:
+    if _announced_too_large(request):
         # RFC 9110 section 10.1.1: no 100 for a body that will be refused; the handler refuses it
         # before reading (read_body), counted as any body too large, and the client need not send it.
         return None
@@ -159,6 +159,11 @@ class BodyTimedOut(InvalidRequest):
         super().__init__(f"the request body did not arrive within {timeout_s * 1000:g} ms (server.request_timeout_ms)", 408)
 
 
+def _announced_too_large(request: web.Request) -> bool:
+    """The request's Content-Length is over ``max_body_bytes``."""
+    return request.content_length is not None and request.content_length > request.client_max_size
+
+
 class BodyTooLargeAnnounced(InvalidRequest):
     """A Content-Length over ``max_body_bytes``: 413 before any of the body is read, and the
     connection closed (the body that may follow is not read)."""
@@ -191,7 +196,7 @@ async def _read_body(request: web.Request, timeout_s: float, inflating: Executor
     (gateway/content_coding.py).
     """
     limit = request.client_max_size
-    if request.content_length is not None and request.content_length > limit:
+    if _announced_too_large(request):
         # Refused before a byte is read: answered and closed (BodyTooLargeAnnounced), so that a
         # client waiting for 100 Continue, or still sending, is not read from for nothing.
         raise BodyTooLargeAnnounced(limit, request.content_length)

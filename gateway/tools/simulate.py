@@ -294,16 +294,13 @@ class Simulation:
     def _execute(self, batch: Batch, now: float) -> None:
         """The executor runs ``batch`` from ``now`` for its true l(b)."""
         model = self.models[batch.model]
+        duration_ms = linear_ms(model.gpu if batch.device == GPU else model.cpu, batch.rows)
+        # A GPU that does not hold the model loads it first (Clockwork's LOAD): busy, not computing.
+        busy_s = (duration_ms + (batch.load.load_ms if batch.load is not None else 0.0)) / 1000
         if batch.device == GPU:
-            duration_ms = linear_ms(model.gpu, batch.rows)
-            # A GPU that does not hold the model loads it first (Clockwork's LOAD): busy, not computing.
-            busy_s = (duration_ms + (batch.load.load_ms if batch.load is not None else 0.0)) / 1000
             self.gpu_busy_s += busy_s
             self._gpu_busy_until[batch.executor] = now + busy_s
             self.batch_rows.append(batch.rows)
-        else:
-            duration_ms = busy_s = linear_ms(model.cpu, batch.rows)
-            busy_s /= 1000
         self._push(now + busy_s, "done", (batch, duration_ms))
 
     def _receive(self, batch: Batch, now: float) -> list[Action]:
@@ -611,24 +608,32 @@ def _cpu_profiles(specs: list[str]) -> dict[str, tuple[float, float]]:
 # What each mode reads, besides --seed and --output; any other option given is refused, not
 # ignored (--gpus with --config was: the config's node.gpus decide).
 MODE_OPTIONS = {
-    "config": {"config", "arrivals", "cpu_profile"},
-    "rate": {"zoo", "rate", "gpus", "shape", "policies", "duration", "dispatch_delay_ms"},
-    "goodput": {"zoo", "goodput", "gpus", "policies", "duration", "dispatch_delay_ms", "shapes", "seeds", "tolerance", "jobs"},
+    "--config": {"config", "arrivals", "cpu_profile"},
+    "--zoo --rate": {"zoo", "rate", "gpus", "shape", "policies", "duration", "dispatch_delay_ms"},
+    "--zoo --goodput": {
+        "zoo",
+        "goodput",
+        "gpus",
+        "policies",
+        "duration",
+        "dispatch_delay_ms",
+        "shapes",
+        "seeds",
+        "tolerance",
+        "jobs",
+    },
 }
-
-
-MODE_NAMES = {"config": "--config", "rate": "--zoo --rate", "goodput": "--zoo --goodput"}
 
 
 def _refuse_options_of_other_modes(args: argparse.Namespace) -> None:
     defaults = argparse.ArgumentParser()
     add_arguments(defaults)
-    mode = "config" if args.config is not None else "goodput" if args.goodput else "rate"
+    mode = "--config" if args.config is not None else "--zoo --goodput" if args.goodput else "--zoo --rate"
     options = set().union(*MODE_OPTIONS.values())
     stray = sorted(o for o in options - MODE_OPTIONS[mode] if getattr(args, o) != defaults.get_default(o))
     if stray:
         named = ", ".join("--" + option.replace("_", "-") for option in stray)
-        raise SystemExit(f"gateway simulate: {named}: not read by {MODE_NAMES[mode]}")
+        raise SystemExit(f"gateway simulate: {named}: not read by {mode}")
 
 
 def run(args: argparse.Namespace) -> int:
