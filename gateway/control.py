@@ -197,6 +197,8 @@ class ControlLoop:
         """A model loaded at run time: its controller joins the node's arbitration at once (the
         caller has put it in the config's models), with the cores set aside for it."""
         self.supervisor.reserved_cores -= set_aside
+        if model.cpu is not None:
+            self._granted[model.name] = set_aside  # what its executor started on (lowered first if less)
         if model.cpu is None:
             self._apply(self.supervisor.grant())
             return
@@ -271,6 +273,13 @@ class ControlLoop:
         return True
 
     def _apply(self, allocations: Mapping[str, Allocation]) -> None:
-        for name, allocation in allocations.items():
+        # Lowered grants first: applied in the models' order, a raised grant set before another
+        # model's lowered one took the node past its cores in between (2.64 cores of quota on a
+        # node of 2 while a loaded model's set-aside cores were refitted with a pinned model's).
+        def change(item: tuple[str, Allocation]) -> float:
+            name, allocation = item
+            return allocation.granted - self._granted.get(name, 0.0)
+
+        for name, allocation in sorted(allocations.items(), key=change):
             self._granted[name] = allocation.granted
             self.set_cores(name, allocation.granted)

@@ -276,6 +276,30 @@ def test_cores_set_aside_for_a_loading_model_leave_every_served_model_its_minimu
     assert loop.supervisor.reserved_cores == 0.0 and io.cores["served"] == pytest.approx(1.0)
 
 
+def test_grants_applied_one_by_one_never_add_up_past_the_node():
+    """A model loaded beside one pinned at all of a node of 2 cores: it started on the 1.5 cores
+    set aside for it, and joining refitted both (1.14 and 0.86). Applied in the models' order,
+    the pinned model was raised to 1.14 while the new one still held 1.5: 2.64 cores of quota."""
+    config = gateway_config(model("served", cores=0.5), policy="fixed")
+    held: dict[str, float] = {}
+    most = 0.0
+
+    def set_cores(name: str, cores: float) -> None:
+        nonlocal most
+        held[name] = cores
+        most = max(most, sum(held.values()))
+
+    loop = ControlLoop(config, measure=dict, set_cores=set_cores, clock=lambda: 0.0)
+    loop.pin("served", 2.0)
+    aside = loop.set_aside(1.5, min_cores=0.1)
+    held["loaded"] = aside  # its executor starts on the cores set aside
+    loaded = model("loaded", cores=1.5)
+    config.models["loaded"] = loaded
+    loop.add_model(loaded, set_aside=aside)
+    assert held == pytest.approx({"served": 2.0 * 2 / 3.5, "loaded": 1.5 * 2 / 3.5})
+    assert most <= 2.0 + 1e-9, most
+
+
 def test_control_loop_says_when_the_minimums_do_not_fit(caplog):
     config = gateway_config(model("a", cores=1.5, min_cores=1.5), model("b", cores=1.5, min_cores=1.5), policy="min")
     with caplog.at_level(logging.WARNING, logger="gateway"):
