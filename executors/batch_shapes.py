@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from executors.same_results import why_not_same
 from executors.tensors import KSERVE_TO_NUMPY, describe
 
 
@@ -51,7 +52,8 @@ def why_not_on_zeros(session: ort.InferenceSession) -> str | None:
 def why_not_fixed(session: ort.InferenceSession) -> str | None:
     """Why a model cannot run at fixed batch sizes (None: it can): its inputs must run on zeros
     (``why_not_on_zeros``: a batch is padded with them), every input and output must have a
-    free leading batch dimension and no other, and a row of zeros must run."""
+    free leading batch dimension and no other, a row of zeros must run, and padding a batch with
+    one must leave its own rows' results as they are (``why_padding_changes_rows``)."""
     reason = why_not_on_zeros(session)
     if reason:
         return reason
@@ -67,6 +69,37 @@ def why_not_fixed(session: ort.InferenceSession) -> str | None:
         session.run(None, zeros)
     except Exception as error:
         return f"it fails on a row of zeros, which would pad its batches: {type(error).__name__}: {error}"
+    return why_padding_changes_rows(session, signature["inputs"])
+
+
+def why_padding_changes_rows(session: ort.InferenceSession, inputs: list[dict[str, Any]]) -> str | None:
+    """Why a batch padded with a zero row does not answer its own rows as it does unpadded, or
+    None. A leading free dimension on every input and output need not be a batch dimension: a
+    model that subtracts the rows' mean, or sorts them, reads the zero rows too (the gateway's
+    stacking check, gateway/stacking_check.py, keeps such a model's requests apart, but one
+    request of several rows was still padded). Two rows of random floats (other inputs zero, as
+    the padding is) run as they are and with a third row of zeros."""
+    rng = np.random.default_rng(0)
+    rows: dict[str, np.ndarray] = {}
+    for spec in inputs:
+        dtype = KSERVE_TO_NUMPY[spec["datatype"]]
+        shape = [2, *spec["shape"][1:]]
+        rows[spec["name"]] = rng.random(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
+    padded = {name: np.concatenate([array, np.zeros((1, *array.shape[1:]), array.dtype)]) for name, array in rows.items()}
+    names = [output.name for output in session.get_outputs()]
+    try:
+        alone, again, with_zeros = (session.run(None, feeds) for feeds in (rows, rows, padded))
+    except Exception as error:
+        return f"it fails on two rows padded with a row of zeros: {type(error).__name__}: {error}"
+    if any(why_not_same(name, a, b, "rows", "again") for name, a, b in zip(names, alone, again, strict=True)):
+        return None  # its results differ from run to run (random operators): nothing to tell
+    for name, own, padded_output in zip(names, alone, with_zeros, strict=True):
+        padded_output = np.asarray(padded_output)
+        if padded_output.ndim == 0 or padded_output.shape[0] != 3:
+            return f"output '{name}' has shape {list(padded_output.shape)} for three rows"
+        reason = why_not_same(name, np.asarray(own), padded_output[:2], "batch's rows", "padded with a row of zeros")
+        if reason is not None:
+            return reason
     return None
 
 

@@ -27,17 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from executors.lifecycle import SupervisedExecutor
+from executors.same_results import why_not_same
 from gateway.profiling import sample_inputs
 from gateway.signature import ModelSignature
 
 log = logging.getLogger("gateway")
 
-# How far a request's float outputs stacked may be from its own, as a share of their norm. Kernels
-# pick other blockings per batch size (the last bits), and a dynamically quantized model
-# (onnxruntime.quantization.quantize_dynamic) takes its scale from a run's whole input, rows
-# together: 0.5% on a quantized MLP. Mixed rows are another request's: 75% to 104% on the
-# models that mix that were tried.
-RELATIVE_ERROR = 0.05
 ROWS = 2  # each request's
 
 Outputs = dict[str, np.ndarray]
@@ -65,27 +60,12 @@ def check_requests(signature: ModelSignature) -> list[dict[str, np.ndarray]]:
     return [first, second, *stacked, first]
 
 
-def _differs(name: str, alone: np.ndarray, stacked: np.ndarray, which: str) -> str | None:
-    if alone.shape != stacked.shape:
-        return f"output '{name}' of the {which} request has shape {list(alone.shape)} alone, {list(stacked.shape)} stacked"
-    if alone.dtype.kind in "fc":
-        finite = np.isfinite(alone)
-        if not np.array_equal(finite, np.isfinite(stacked)) or not np.array_equal(alone[~finite], stacked[~finite]):
-            return f"output '{name}' of the {which} request has other infinities or NaNs stacked than alone"
-        error = float(np.linalg.norm((stacked[finite] - alone[finite]).astype(np.float64)))
-        scale = float(np.linalg.norm(alone[finite].astype(np.float64)))
-        same = error <= RELATIVE_ERROR * scale or error == 0.0
-    else:
-        same = np.array_equal(stacked, alone)
-    return None if same else f"output '{name}' of the {which} request is not the same stacked as alone"
-
-
 def why_results_differ(runs: list[Outputs]) -> str | None:
     """Why the stacked runs' outputs (``check_requests``'s order) are not the two requests' own,
     row by row, or None. None too where the first request's two runs alone disagree (random
     operators): nothing can be told from such a model's runs, and it keeps its batching."""
     first, second, *stacked, again = runs
-    if any(_differs(name, first[name], again[name], "first") for name in first):
+    if any(why_not_same(name, first[name], again[name], "first request", "again") for name in first):
         log.warning("results differ from run to run: whether batching keeps each request's results was not checked")
         return None
     for order, outputs in zip(((first, second), (second, first)), stacked, strict=True):
@@ -93,7 +73,7 @@ def why_results_differ(runs: list[Outputs]) -> str | None:
             if array.ndim == 0 or array.shape[0] != 2 * ROWS:
                 return f"output '{name}' has shape {list(array.shape)} for two stacked requests of {ROWS} rows each"
             for index, (alone, which) in enumerate(zip(order, ("first", "second"), strict=True)):
-                reason = _differs(name, alone[name], array[index * ROWS : (index + 1) * ROWS], which)
+                reason = why_not_same(name, alone[name], array[index * ROWS : (index + 1) * ROWS], f"{which} request", "stacked")
                 if reason is not None:
                     return reason
     return None
