@@ -25,10 +25,13 @@ metadata is the stream's: its ``x-request-id`` names each of its requests.)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # gRPC's fork handlers are for children that go on using gRPC; the gateway's children (its
@@ -46,15 +49,17 @@ import grpc  # noqa: E402
 import numpy as np
 import orjson
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from executors.tensors import KSERVE_TO_NUMPY, encode_bytes_elements, tensor_to_bytes
 from gateway.connections import connection_cap, descriptor_limit
 from gateway.engine import RequestFailed
 from gateway.observe import REQUEST_ID_HEADER, RequestRecord, new_request_id, report, usable_request_id
-from gateway.protocol import InvalidRequest, parse_infer_request, refuse_shared_memory
+from gateway.protocol import InferRequest, InvalidRequest, Limits, parse_infer_request, refuse_shared_memory
 from gateway.repository import load_from_repository, repository_index
 from gateway.routes import NOT_SERVED, bearer_token_matches
+from gateway.signature import ModelSignature
 
 if TYPE_CHECKING:
     from gateway.engine import Engine, ModelRuntime, Result
@@ -106,6 +111,14 @@ REPOSITORY_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModel
 # Requests of one stream read but not yet answered to its client, at most (a model's default
 # max_queue_size): enough for any perf_analyzer concurrency.
 STREAM_IN_FLIGHT = 1024
+# The largest message either way, as Triton's server sets it (INT32_MAX): max_body_bytes bounds
+# requests; sent as the bound of answers too, it failed a stream whose one answer was larger,
+# with the requests counted as served and their answers never sent.
+MAX_MESSAGE_BYTES = (1 << 31) - 1
+# An answer's room for what is not its outputs' bytes (names, shapes, parameters).
+ANSWER_HEAD_BYTES = 1 << 20
+# Typed values converted to bytes in one numpy call, at most (about 1 ms).
+PIECE_VALUES = 1 << 15
 # The parameter of a stream's answer that says it is its request's last (Triton's, for decoupled
 # models; each request here has one answer).
 FINAL_RESPONSE = "triton_final_response"
@@ -136,6 +149,40 @@ def _parameter_value(parameter: service_pb2.InferParameter) -> Any:
     return getattr(parameter, which) if which is not None else None
 
 
+def typed_values(request: service_pb2.ModelInferRequest) -> int:
+    """How many values ``request`` carries in typed contents, every input's (a field's length is
+    known without reading it)."""
+    return sum(len(getattr(tensor.contents, CONTENTS_FIELD.get(tensor.datatype, "bytes_contents"))) for tensor in request.inputs)
+
+
+def rough_size(request: service_pb2.ModelInferRequest) -> int:
+    """About how many bytes ``request``'s tensors take decoded, without reading them: whether it
+    is converted off the event loop."""
+    return sum(len(blob) for blob in request.raw_input_contents) + 8 * typed_values(request)
+
+
+def _typed_contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, values: Any) -> bytes:
+    """The raw bytes of a tensor's typed ``values``, in pieces of ``PIECE_VALUES`` (one numpy call
+    holds the GIL, and a request converted in the codec thread must let the loop run between
+    them), once their number is the one its shape gives: 5,000,000 strings sent for a shape of
+    [1] were all converted, on the loop, before the parser refused them (3.7 s of every client's
+    time, and 600 MB)."""
+    count = len(values)
+    shape = list(tensor.shape)
+    if all(dimension >= 0 for dimension in shape) and count != math.prod(shape):
+        raise InvalidRequest(
+            f"input '{tensor.name}': its contents hold {count} values, and its shape {shape} has {math.prod(shape)} elements"
+        )
+    pieces = (itertools.islice(values, start, start + PIECE_VALUES) for start in range(0, count, PIECE_VALUES))
+    if tensor.datatype == "BYTES":
+        return b"".join(encode_bytes_elements(np.fromiter(piece, np.object_)) for piece in pieces)
+    dtype = KSERVE_TO_NUMPY[tensor.datatype]
+    try:  # int_contents carries INT8 and INT16 as int32: 300 is a valid field, not an INT8
+        return b"".join(np.fromiter(piece, dtype).tobytes() for piece in pieces)
+    except OverflowError:
+        raise InvalidRequest(f"input '{tensor.name}': a value is outside the range of {tensor.datatype}") from None
+
+
 def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]:
     """The HTTP body (JSON header, then the tensors' bytes) that says what ``request`` says,
     and the header's length: the binary tensor extension of the same request."""
@@ -154,14 +201,7 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
             field = CONTENTS_FIELD.get(tensor.datatype)
             if field is None:
                 raise InvalidRequest(f"input '{tensor.name}': {tensor.datatype} must be sent in raw_input_contents")
-            values = list(getattr(tensor.contents, field))
-            if tensor.datatype == "BYTES":
-                blob = encode_bytes_elements(np.array(values, dtype=np.object_))
-            else:
-                try:  # int_contents carries INT8 and INT16 as int32: 300 is a valid field, not an INT8
-                    blob = np.asarray(values, dtype=KSERVE_TO_NUMPY[tensor.datatype]).tobytes()
-                except OverflowError:
-                    raise InvalidRequest(f"input '{tensor.name}': a value is outside the range of {tensor.datatype}") from None
+            blob = _typed_contents(tensor, getattr(tensor.contents, field))
         blobs.append(blob)
         inputs.append(
             {
@@ -186,6 +226,84 @@ def as_http_request(request: service_pb2.ModelInferRequest) -> tuple[bytes, int]
         ]
     head = orjson.dumps(header)
     return head + b"".join(bytes(b) for b in blobs), len(head)
+
+
+def _parsed(
+    request: service_pb2.ModelInferRequest, signature: ModelSignature, max_batch_size: int, limits: Limits
+) -> InferRequest:
+    body, header_length = as_http_request(request)
+    return parse_infer_request(body, str(header_length), signature, max_batch_size, limits)
+
+
+def why_answer_too_large(response: service_pb2.ModelInferResponse) -> str | None:
+    """Why ``response`` cannot go out as one gRPC message, or None. Sent, grpc failed the call (a
+    stream as a whole), and the request had been counted as served."""
+    size = sum(len(blob) for blob in response.raw_output_contents)
+    if size <= MAX_MESSAGE_BYTES - ANSWER_HEAD_BYTES:
+        return None
+    return (
+        f"the answer's outputs take {size} bytes, over the {MAX_MESSAGE_BYTES} of one gRPC message: "
+        "ask for fewer rows or outputs, or over HTTP"
+    )
+
+
+@dataclass(frozen=True)
+class MalformedMessage:
+    """A message that is no valid protobuf of the type its method takes, as its handler gets it.
+    grpc answered such a call UNKNOWN ("Unexpected <class 'DecodeError'>") and wrote an ERROR
+    with a traceback to the log for each, which any client could fill."""
+
+    kind: str
+    error: str
+
+    def describe(self) -> str:
+        return f"the message is no valid {self.kind}: {self.error}"
+
+
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    kind = getattr(getattr(deserialize, "__self__", None), "__name__", "message")
+
+    def read(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as error:
+            return MalformedMessage(kind, str(error))
+
+    return read
+
+
+def _refusing_malformed(behaviour: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def serve(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, MalformedMessage):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.describe())
+        return await behaviour(request, context)
+
+    return serve
+
+
+class _LenientRegistration:
+    """Stands for the server in the generated ``add_GRPCInferenceServiceServicer_to_server``: its
+    method handlers go to ``server`` with each request's deserializer answering a
+    MalformedMessage rather than raising, and each unary method refusing one INVALID_ARGUMENT
+    (a stream's request gets its own error answer: ``ModelStreamInfer``)."""
+
+    def __init__(self, server: grpc.aio.Server):
+        self.server, self.registered = server, False
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """Built by the generated code from the handlers that ``add_registered_method_handlers``
+        gets, which builds its own from them."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        lenient = {}
+        for method, handler in handlers.items():
+            changes: dict[str, Any] = {"request_deserializer": _lenient(handler.request_deserializer)}
+            if handler.unary_unary is not None:
+                changes["unary_unary"] = _refusing_malformed(handler.unary_unary)
+            lenient[method] = handler._replace(**changes)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, lenient),))
+        self.server.add_registered_method_handlers(service, lenient)
+        self.registered = True
 
 
 def text_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -306,13 +424,22 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         metadata = text_metadata(context)
 
-        async def serve(request: service_pb2.ModelInferRequest) -> None:
+        async def serve(request: service_pb2.ModelInferRequest | MalformedMessage) -> None:
+            if isinstance(request, MalformedMessage):  # no request of any model: its own error, the stream goes on
+                answer = service_pb2.ModelStreamInferResponse(error_message=request.describe())
+                answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+                answers.put_nowait(answer)
+                return
             answers.put_nowait(await self._stream_answer(request, metadata))
 
+        unanswered = 0  # requests read whose answers the client has not taken
+
         async def read() -> None:
+            nonlocal unanswered
             try:
                 async for request in request_iterator:
                     await room.acquire()
+                    unanswered += 1
                     task = asyncio.create_task(serve(request))
                     serving.add(task)
                     task.add_done_callback(serving.discard)
@@ -322,14 +449,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.create_task(read())
         read_all = False
         try:
-            while not (read_all and not serving and answers.empty()):
+            # Until every request read is answered: each serve() puts one answer. Once the client
+            # half-closed, the answers still went out as they ended (waiting for all of them
+            # held a fast request's answer back until the stream's slowest one ended).
+            while not read_all or unanswered:
                 answer = await answers.get()
                 if answer is None:
                     read_all = True
-                    await asyncio.gather(*serving)  # each puts its answer before it ends
-                else:
-                    yield answer  # returns once grpc has taken it: the client is reading
-                    room.release()
+                    continue
+                yield answer  # returns once grpc has taken it: the client is reading
+                unanswered -= 1
+                room.release()
             await reader  # a stream that broke ends with its error
         finally:  # the client left, or the stream failed: what is still running is let go
             reader.cancel()
@@ -405,11 +535,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 outcome = "shutdown"
                 raise Refused(503, "the gateway is shutting down; no new requests")
             try:
-                body, header_length = as_http_request(request)
                 signature = runtime.signature
                 assert signature is not None
-                parsed = parse_infer_request(
-                    body, str(header_length), signature, runtime.config.max_batch_size, self.handlers.limits
+                # As HTTP's bodies: a large request is converted and parsed in the codec thread.
+                parsed = await self.handlers.off_loop(
+                    rough_size(request), _parsed, request, signature, runtime.config.max_batch_size, self.handlers.limits
                 )
             except InvalidRequest as error:
                 outcome = "too_large" if error.status == 413 else "invalid"
@@ -427,6 +557,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             record.served(served)
             # Built before the request counts as served: an output that cannot be encoded fails it.
             response = self._response(runtime, parsed, served, datatypes)
+            if (reason := why_answer_too_large(response)) is not None:
+                outcome = "too_large"
+                raise Refused(413, reason)
             outcome, result = "success", served
             return response
         except asyncio.CancelledError:
@@ -521,7 +654,7 @@ async def start_grpc(handlers: Handlers, host: str, port: int, tracer: RequestTr
         interceptors=[TokenGuard(token, admin_token)] if token or admin_token else [],
         options=[
             ("grpc.max_receive_message_length", config.max_body_bytes),
-            ("grpc.max_send_message_length", config.max_body_bytes),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             # HTTP's guards on connections: a client that opens connections and says nothing held
             # one descriptor each for gRPC's 120 s handshake, until the gateway had none left for
             # HTTP, its executors or the control loop. A connection must complete HTTP/2's preface
@@ -539,7 +672,10 @@ async def start_grpc(handlers: Handlers, host: str, port: int, tracer: RequestTr
             ("grpc.so_reuseport", 0),
         ],
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers, tracer), server)
+    registration = _LenientRegistration(server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(handlers, tracer), registration)
+    if not registration.registered:
+        raise RuntimeError("tritonclient's generated gRPC service registers no method handlers (grpcio-tools before 1.63?)")
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address} for gRPC")

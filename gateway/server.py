@@ -461,7 +461,7 @@ class Handlers:
         if self.draining:
             return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
         chunks = await _read_body(request, self.request_timeout_s, self.inflating, arrival)
-        parsed = await self._off_loop(
+        parsed = await self.off_loop(
             sum(len(chunk) for chunk in chunks),
             _parse_chunks,
             chunks,
@@ -480,7 +480,7 @@ class Handlers:
             return error_response(error.status, str(error), error.headers), error.outcome, None
         record.served(result)
         parameters = result.parameters()
-        payload, header_length = await self._off_loop(
+        payload, header_length = await self.off_loop(
             sum(output.nbytes for output in result.outputs.values()),
             encode_infer_response,
             runtime.served_name,
@@ -499,7 +499,7 @@ class Handlers:
         )
         return response, "success", result
 
-    async def _off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:
+    async def off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)``, in the codec thread when it works on more than ``LARGE_BYTES``.
 
         A large request's checks run before its tensors are decoded and refuse it cheaply, but a

@@ -5,6 +5,7 @@ codes and the HTTP words, the data token as metadata, and the typed contents of 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -397,3 +398,142 @@ def test_a_second_gateway_on_a_grpc_port_in_use_exits_saying_so(grpc_gateway, tm
     )
     assert second.returncode == 1, second.stderr[-2000:]
     assert f"cannot listen on 127.0.0.1:{port} (gRPC)" in second.stderr
+
+
+def _tile_model(path):
+    """x[N, 4] -> x repeated 10,000 times along its row: an answer of 160 kB a row."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import save_model
+
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "reps"], ["y"])],
+        "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 40000])],
+        [numpy_helper.from_array(np.array([1, 10000], np.int64), "reps")],
+    )
+    return save_model(graph, path)
+
+
+@pytest.fixture(scope="module")
+def small_messages_gateway(tmp_path_factory, example_models):
+    """Requests of at most 200 kB; a model whose answers are larger (tile), a slow one (busy: a
+    few tens of ms a request, one at a time) and a fast one (mlp) on executors of their own."""
+    from tests.helpers import busy_model
+
+    folder = tmp_path_factory.mktemp("small_messages")
+    _tile_model(folder / "tile.onnx")
+    busy_model(folder / "busy.onnx")
+    shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
+    config = folder / "config.toml"
+    config.write_text(
+        '[server]\nmax_body_bytes = 200000\n[node]\ncpu_cores = 2.0\n[control]\npolicy = "fixed"\n'
+        '[models.tile]\npath = "tile.onnx"\nsla_ms = 5000\ncpu = { cores = 0.5, threads = 1 }\n'
+        '[models.busy]\npath = "busy.onnx"\nsla_ms = 60000\nmax_batch_size = 1\ncpu = { cores = 0.3, threads = 1 }\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 5000\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    port = free_port()
+    with run_gateway(config, args=["--grpc-port", str(port)]) as gateway:
+        gateway.grpc_url = f"127.0.0.1:{port}"
+        yield gateway
+
+
+def _raw_request(model: str, request_id: str, array: np.ndarray) -> service_pb2.ModelInferRequest:
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=list(array.shape))
+    return service_pb2.ModelInferRequest(model_name=model, id=request_id, inputs=[tensor], raw_input_contents=[array.tobytes()])
+
+
+def test_an_answer_larger_than_the_largest_request_goes_out(small_messages_gateway):
+    """max_body_bytes bounded answers too: a stream whose one answer was larger failed as a whole
+    (RESOURCE_EXHAUSTED), the requests after it never answered, every one counted as served.
+    Triton's server sends up to 2 GiB, as HTTP's answer here has no bound."""
+    gateway = small_messages_gateway
+    before = gateway.admin("tile")["stats"]["outcomes"].get("success", 0)
+    rows = {"s1": 1, "s2": 2, "s3": 1, "s4": 1}  # s2's answer: 320 kB
+    arrays = {request_id: np.full((n, 4), i, np.float32) for i, (request_id, n) in enumerate(rows.items())}
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers = list(stub.ModelStreamInfer(iter([_raw_request("tile", i, a) for i, a in arrays.items()]), timeout=60))
+        alone = stub.ModelInfer(_raw_request("tile", "unary", arrays["s2"]), timeout=60)
+    assert sorted(a.infer_response.id for a in answers) == sorted(rows) and not any(a.error_message for a in answers)
+    for answer in [*(a.infer_response for a in answers), alone]:
+        y = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(list(answer.outputs[0].shape))
+        x = arrays[answer.id if answer.id in arrays else "s2"]
+        assert np.array_equal(y, np.tile(x, (1, 10000)))
+    assert gateway.admin("tile")["stats"]["outcomes"]["success"] - before == len(rows) + 1
+
+
+def test_a_half_closed_stream_answers_each_request_as_it_ends(small_messages_gateway):
+    """Once the client had sent its last request (tritonclient.grpc.aio's stream_infer half-closes
+    when its iterator ends), every answer was held back until the stream's slowest request ended:
+    the fast model's answer came after all of the slow model's work."""
+    gateway = small_messages_gateway
+    slow = 40
+    before = gateway.admin("busy")["stats"]["outcomes"].get("success", 0)
+    requests = [_raw_request("busy", f"slow{i}", np.full((1, 1, 8, 8), 0.5, np.float32)) for i in range(slow)]
+    requests.append(_raw_request("mlp", "fast", np.zeros((1, 512), np.float32)))
+    served_when_fast_came = None
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers = []
+        for answer in stub.ModelStreamInfer(iter(requests), timeout=120):  # half-closed after the last
+            answers.append(answer)
+            if answer.infer_response.id == "fast":
+                served_when_fast_came = gateway.admin("busy")["stats"]["outcomes"].get("success", 0) - before
+    assert len(answers) == slow + 1 and not any(a.error_message for a in answers)
+    assert served_when_fast_came is not None and served_when_fast_came < slow, served_when_fast_came
+
+
+def test_typed_values_that_their_shape_does_not_hold_are_refused_before_any_is_read():
+    """5,000,000 strings for a shape of [1] were converted on the loop (3.7 s, 600 MB) before the
+    parser refused them."""
+    from gateway.grpc_server import as_http_request
+    from gateway.protocol import InvalidRequest
+
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="s", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.extend([b"ab"] * 3)
+    with pytest.raises(InvalidRequest, match=r"input 's': its contents hold 3 values, and its shape \[1\] has 1 elements"):
+        as_http_request(service_pb2.ModelInferRequest(model_name="m", inputs=[tensor]))
+    # Converted piece by piece, values of every kind come out as one call would make them.
+    from gateway.grpc_server import PIECE_VALUES
+
+    many = 2 * PIECE_VALUES + 3
+    strings = service_pb2.ModelInferRequest.InferInputTensor(name="s", datatype="BYTES", shape=[many])
+    strings.contents.bytes_contents.extend([str(i).encode() for i in range(many)])
+    numbers = service_pb2.ModelInferRequest.InferInputTensor(name="n", datatype="INT16", shape=[many])
+    values = [i % 60000 - 30000 for i in range(many)]
+    numbers.contents.int_contents.extend(values)
+    body, length = as_http_request(service_pb2.ModelInferRequest(model_name="m", inputs=[strings, numbers]))
+    from executors.tensors import encode_bytes_elements
+
+    expected_strings = encode_bytes_elements(np.array([str(i).encode() for i in range(many)], dtype=np.object_))
+    assert body[length:] == expected_strings + np.array(values, np.int16).tobytes()
+
+
+def test_a_message_that_is_no_protobuf_is_refused_as_invalid(small_messages_gateway, caplog):
+    """grpc answered UNKNOWN ("Unexpected <class 'DecodeError'>") and logged a traceback for each;
+    in a stream, such a message gets its own error answer and the stream goes on."""
+    gateway = small_messages_gateway
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(b"\xff\xff\xff", timeout=10)
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        good = _raw_request("mlp", "good", np.zeros((1, 512), np.float32)).SerializeToString()
+        answers = [service_pb2.ModelStreamInferResponse.FromString(a) for a in stream(iter([b"\xff\xff\xff", good]), timeout=30)]
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the message is no valid ModelInferRequest" in refused.value.details()
+    assert len(answers) == 2
+    assert sorted(bool(a.error_message) for a in answers) == [False, True]
+    assert any(a.infer_response.id == "good" and not a.error_message for a in answers)
+    assert "DecodeError" not in gateway.output()
+
+
+def test_an_answer_over_what_one_grpc_message_carries_is_refused_saying_so(monkeypatch):
+    import gateway.grpc_server as grpc_server
+
+    monkeypatch.setattr(grpc_server, "MAX_MESSAGE_BYTES", grpc_server.ANSWER_HEAD_BYTES + 100)
+    assert grpc_server.why_answer_too_large(service_pb2.ModelInferResponse(raw_output_contents=[b"x" * 60, b"y" * 40])) is None
+    reason = grpc_server.why_answer_too_large(service_pb2.ModelInferResponse(raw_output_contents=[b"x" * 60, b"y" * 41]))
+    assert reason is not None and "outputs take 101 bytes" in reason and "over HTTP" in reason
