@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from executors.lifecycle import SupervisedExecutor
@@ -18,6 +19,35 @@ log = logging.getLogger("executors")
 
 # The project root, so that the worker imports this very checkout even when not installed.
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+# The most of one output line that goes to the log.
+LONGEST_LINE_BYTES = 8192
+
+
+async def relay_lines(stream: asyncio.StreamReader, line: Callable[[str], None]) -> None:
+    """Each line of ``stream`` to ``line`` until its end; a line longer than the stream's limit
+    (64 KiB) is cut to ``LONGEST_LINE_BYTES``, the rest of it left out. Read by ``async for``, such a line raised
+    ValueError and ended the relay: nothing read the pipe any more, and once it was full the
+    executor blocked in ONNX Runtime's log of a failed run (whose words carry a client's input:
+    a Reshape to a shape of 40,000 dimensions), killed as hung a few requests later."""
+    cut = False  # the rest of a line that was cut is being left out
+    while True:
+        try:
+            raw = await stream.readuntil(b"\n")
+        except asyncio.IncompleteReadError as end:  # the stream ended
+            if end.partial and not cut:
+                line(end.partial.decode(errors="replace").rstrip())
+            return
+        except asyncio.LimitOverrunError as over:
+            raw = await stream.readexactly(over.consumed)
+            if not cut:
+                line(f"{raw[:LONGEST_LINE_BYTES].decode(errors='replace')} ... (cut: the line goes on past {len(raw)} bytes)")
+            cut = True
+            continue
+        if not cut:
+            line(raw.decode(errors="replace").rstrip())
+        cut = False
 
 
 class ProcessExecutor(SupervisedExecutor):
@@ -63,8 +93,7 @@ class ProcessExecutor(SupervisedExecutor):
 
     async def _relay_output(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
-        async for raw in process.stdout:
-            self._output_line(raw.decode(errors="replace").rstrip())
+        await relay_lines(process.stdout, self._output_line)
 
     async def _wait_exit(self, handle: asyncio.subprocess.Process) -> str:
         code = await handle.wait()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import struct
 from typing import Any, BinaryIO
 
@@ -71,6 +72,20 @@ def encode_frame(header: dict[str, Any], buffers: list[bytes | memoryview] | Non
     buffers = buffers or []
     payload_length = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
     return [PREFIX.pack(len(head), payload_length), head, *buffers]
+
+
+def send_frame(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
+    """Every byte of a frame's ``pieces`` (``encode_frame``) on a blocking socket. One sendmsg
+    may send part of them: a signal that stops the process while the call waits for room in the
+    socket's buffer (SIGSTOP and SIGCONT of a debugger or of ``docker pause``) returns what was sent
+    by then. The rest unsent, the gateway waited for it until the executor was killed as hung."""
+    views = [memoryview(piece).cast("B") for piece in pieces]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[bytes | memoryview]]:

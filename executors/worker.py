@@ -29,7 +29,7 @@ import onnxruntime as ort
 from executors.batch_shapes import FixedBatchSession, why_not_fixed, why_not_on_zeros
 from executors.names import PARENT_PID_VARIABLE
 from executors.tensors import KSERVE_TO_NUMPY, describe
-from executors.wire import encode_frame, pack_tensors, read_frame_blocking, unpack_tensors
+from executors.wire import encode_frame, pack_tensors, read_frame_blocking, send_frame, unpack_tensors
 
 log = logging.getLogger("executors.worker")
 
@@ -168,7 +168,7 @@ def serve(
     stream = sock.makefile("rb", buffering=1 << 20)
 
     def send(header: dict[str, Any], buffers: list[Any] | None = None) -> None:
-        sock.sendmsg(encode_frame(header, buffers))
+        send_frame(sock, encode_frame(header, buffers))
 
     models = {name: describe(session) for name, session in sessions.items()}
     taken = {name: session.get_providers()[0] for name, session in sessions.items()}
