@@ -691,7 +691,15 @@ class Engine:
             while self.core.busy(name) and time.perf_counter() < deadline:
                 await asyncio.sleep(0.02)
             self._carry_out(self.core.drop_queue(name, f"model '{name}' was unloaded before this request ran"), name)
-            while self.core.busy(name):  # a batch still running ends by itself (or its hang timeout)
+            if self.core.busy(name):
+                # A batch still running (hung, say): its requests are answered 503 now and its
+                # executors stopped, whose failure ends it. Waited for, it held the unload and its
+                # requests until its hang timeout (10 SLAs by default), past the promised 30 s.
+                message = f"model '{name}' was unloaded while this request ran ({timeout_s:g} s after the unload began)"
+                self._carry_out(self.core.end_running(name, message), name)
+                for executor in runtime.executors:
+                    await executor.stop()
+            while self.core.busy(name):  # the stopped executors' batches fail at once
                 await asyncio.sleep(0.02)
             self.control.remove_model(name)
             self.core.remove_model(name)

@@ -323,6 +323,14 @@ class DispatchCore:
         self._end(dropped)
         return [Fail(tuple(dropped), 503, "unloaded", message)]
 
+    def end_running(self, model: str, message: str) -> list[Action]:
+        """Answer the live requests of ``model``'s batches on its executors 503 with ``message``
+        (it is being unloaded, and they ran past the wait): each batch stays its executor's until
+        the executor reports it (stopped, it fails), and its answer, should one come, is dropped."""
+        running = [b for e in self.executors.values() for b in (e.batch, e.queued) if b is not None and b.model == model]
+        ended = self._end(r for batch in running for r in batch.requests)
+        return [Fail(ended, 503, "unloaded", message)] if ended else []
+
     def busy(self, model: str) -> bool:
         """Requests of the model are queued, or a batch of it runs."""
         state = self.models[model]
