@@ -764,6 +764,7 @@ class Engine:
             timeout_s=request.timeout_us / 1e6 if request.timeout_us else None,
             priority=request.priority or runtime.config.default_level,
             payload=request,
+            queued_at=self.now,
         )
         self._futures[queued.id] = future
         # A client that went away cancels its handler and so this future: the request leaves the
@@ -1263,11 +1264,14 @@ class Engine:
         live = {r.id for r in action.requests}
         now = self.now
         for request, part in zip(batch.requests, parts, strict=True):
-            queue_ms = (batch.started - request.arrival) * 1000
-            series.queue_seconds.observe(queue_ms / 1000)
+            # Triton's queue time: in the model's queue, not the body's upload and parsing before.
+            queue_ms = (batch.started - (request.queued_at if request.queued_at is not None else request.arrival)) * 1000
             if request.id in live and isinstance(part, RequestFailed):  # its own input refused (_run_each_alone)
                 self._settle(request.id, error=part)
             elif request.id in live:
+                # Of the requests answered, as the statistics' queue (one whose batch ended after
+                # its timeout was counted too, and the histogram's count ran past the successes).
+                series.queue_seconds.observe(queue_ms / 1000)
                 size = request.rows if ran_alone else batch.rows
                 result = Result(
                     part, device, size, queue_ms, compute_ms, batch.executor, timing, request.rows, batch.started, now

@@ -27,7 +27,11 @@ class GatewayMetrics:
         self.requests = Counter("gateway_requests", "Requests that ended, by outcome", ["model", "outcome"], registry=r)
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests received that have not ended", ["model"], registry=r)
         self.queue_seconds = Histogram(
-            "gateway_queue_seconds", "Time from arrival to dispatch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+            "gateway_queue_seconds",
+            "Time in the model's queue (from its body read to dispatch), of the requests answered",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.compute_seconds = Histogram(
             "gateway_compute_seconds", "Time the executor spent on the batch", ["model"], buckets=LATENCY_BUCKETS, registry=r

@@ -32,6 +32,9 @@ class Request:
     state: str = QUEUED
     timeout_at: float = float("inf")
     dispatched: float | None = None
+    # When it joined its queue, where that is after its arrival (``gateway serve``: its body read
+    # and parsed): a queue time counted from its arrival was a slow upload's time too.
+    queued_at: float | None = None
 
     def __repr__(self) -> str:
         return f"Request({self.id}, {self.model!r}, arrival={self.arrival:.6f}, rows={self.rows}, {self.state})"

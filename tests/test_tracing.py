@@ -388,3 +388,30 @@ def test_runs_without_the_extra_and_says_what_is_missing(tmp_models: Path) -> No
     # The pure decision code never even names it.
     for folder in ("schedulers", "controllers", "supervisor"):
         assert not [p for p in (ROOT / folder).rglob("*.py") if "opentelemetry" in p.read_text()], folder
+
+
+async def test_a_slow_upload_is_the_receive_phase_not_queue_time(traced: tuple[TestClient, InMemorySpanExporter]) -> None:
+    """A body sent over 0.6 s to an idle model: its queue time (the answer's queue_ms, the
+    statistics' queue, nv_inference_queue_duration_us) counted from the request's arrival held
+    the upload, while the queue span, from the request's entry into the queue, held none of it."""
+    import asyncio
+
+    import orjson
+
+    client, exporter = traced
+    body = orjson.dumps(infer_body())
+
+    async def trickle():
+        for start in range(0, len(body), len(body) // 4 + 1):
+            yield body[start : start + len(body) // 4 + 1]
+            await asyncio.sleep(0.2)
+
+    response = await client.post("/v2/models/mlp/infer", data=trickle(), headers={"Content-Type": "application/json"})
+    assert response.status == 200, await response.text()
+    queue_ms = (await response.json())["parameters"]["queue_ms"]
+    spans = by_name(exporter.get_finished_spans())
+    receive_ms = (spans["receive"].end_time - spans["receive"].start_time) / 1e6
+    assert receive_ms >= 500 and queue_ms < receive_ms / 2, (receive_ms, queue_ms)
+    statistics = await (await client.get("/v2/models/mlp/stats")).json()
+    (model,) = statistics["model_stats"]
+    assert model["inference_stats"]["queue"]["ns"] / 1e6 == pytest.approx(queue_ms, abs=0.01)
