@@ -54,6 +54,9 @@ class InvalidRequest(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+        #: The refused request's own ``id``, where its JSON was read that far (it names the
+        #: request in the answer's X-Request-ID and the logs, as an accepted one's does).
+        self.request_id: str | None = None
 
 
 @dataclass
@@ -87,6 +90,22 @@ def parse_infer_request(
     header, blobs = _split_body(body, header_length)
     if not isinstance(header, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    try:
+        return _checked_request(body, header, blobs, signature, max_batch_size, limits)
+    except InvalidRequest as error:
+        if isinstance(header.get("id"), str):
+            error.request_id = header["id"]
+        raise
+
+
+def _checked_request(
+    body: bytes | bytearray,
+    header: dict[str, Any],
+    blobs: memoryview | None,
+    signature: ModelSignature,
+    max_batch_size: int,
+    limits: Limits,
+) -> InferRequest:
     depth = json_depth(header, limits.max_json_depth)
     if depth > limits.max_json_depth:
         raise InvalidRequest(f"the request's JSON nests deeper than the limit of {limits.max_json_depth} levels")

@@ -446,6 +446,7 @@ class Handlers:
             raise
         except (InvalidRequest, web.HTTPException) as error:
             outcome = "too_large" if error.status == 413 else "invalid"
+            record.name_from_body(getattr(error, "request_id", None))
             raise
         except (asyncio.CancelledError, ConnectionError):
             outcome = "client_gone"

@@ -415,3 +415,15 @@ async def test_a_slow_upload_is_the_receive_phase_not_queue_time(traced: tuple[T
     statistics = await (await client.get("/v2/models/mlp/stats")).json()
     (model,) = statistics["model_stats"]
     assert model["inference_stats"]["queue"]["ns"] / 1e6 == pytest.approx(queue_ms, abs=0.01)
+
+
+async def test_a_refused_request_is_named_by_its_body_id(traced: tuple[TestClient, InMemorySpanExporter]) -> None:
+    """The body's id named an accepted request only: refused 400, the request the operator must
+    look up went by an id of the gateway's making (over gRPC it kept its own)."""
+    client, exporter = traced
+    body = {"id": "client-named-42", "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 5], "data": [0.0] * 10}]}
+    response = await client.post("/v2/models/mlp/infer", json=body)
+    assert response.status == 400 and "shape" in (await response.json())["error"]
+    assert response.headers["X-Request-ID"] == "client-named-42"
+    root = by_name(exporter.get_finished_spans())[INFER_ROUTE_SPAN]
+    assert root.attributes["gateway.request_id"] == "client-named-42"
