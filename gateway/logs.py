@@ -23,6 +23,7 @@ import logging.handlers
 import os
 import queue
 import sys
+import threading
 from time import monotonic, perf_counter
 from typing import Any
 
@@ -135,8 +136,38 @@ class _DescriptorWriter(logging.Handler):
             self.handleError(record)
 
 
+class DroppedRecords:
+    """How many records found the queue full since the last notice (threads count under a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def take(self) -> int:
+        with self._lock:
+            count, self.count = self.count, 0
+        return count
+
+
 class _Writer(logging.handlers.QueueListener):
-    """The thread that writes the queued records (a daemon: it never holds the process)."""
+    """The thread that writes the queued records (a daemon: it never holds the process). Once it
+    has caught up after records were dropped (the queue half empty), it writes a warning that
+    says how many: written by the handler with the next record, it waited for one, and a gateway
+    that went quiet (or exited) never said so."""
+
+    def __init__(self, records: queue.Queue[logging.LogRecord], handler: logging.Handler, dropped: DroppedRecords):
+        super().__init__(records, handler)
+        self.dropped = dropped
+
+    def handle(self, record: logging.LogRecord) -> None:
+        super().handle(record)
+        if self.dropped.count and self.queue.qsize() <= self.queue.maxsize // 2 and (count := self.dropped.take()):
+            message = f"{count} log records were dropped: stderr was not read"
+            super().handle(logging.LogRecord("gateway", logging.WARNING, __file__, 0, message, None, None))
 
     def stop_within(self, seconds: float) -> None:
         """Write what is queued, for at most ``seconds``, then let the thread be."""
@@ -152,33 +183,27 @@ class _Writer(logging.handlers.QueueListener):
 
 class _InProcessQueueHandler(logging.handlers.QueueHandler):
     """Hands records to the writer thread as they are: its message made, its traceback kept.
-    A record that finds the queue full is dropped and counted; once the writer has caught up
-    (the queue half empty), a warning says how many went.
+    A record that finds the queue full is dropped and counted in ``dropped`` (the writer says how
+    many once it has caught up).
 
     (QueueHandler's own ``prepare`` folds the traceback into the message, for queues that
     pickle; this queue never leaves the process, and the JSON formatter wants it apart.)"""
 
     queue: queue.Queue[logging.LogRecord]
 
-    def __init__(self, records: queue.Queue[logging.LogRecord]):
+    def __init__(self, records: queue.Queue[logging.LogRecord], dropped: DroppedRecords):
         super().__init__(records)
-        self.dropped = 0
+        self.dropped = dropped
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         record.msg, record.args = record.getMessage(), None
         return record
 
     def enqueue(self, record: logging.LogRecord) -> None:
-        # Called under the handler's lock: one thread at a time counts.
-        if self.dropped and self.queue.qsize() <= self.queue.maxsize // 2:
-            message = f"{self.dropped} log records were dropped: stderr was not read"
-            notice = logging.LogRecord("gateway", logging.WARNING, __file__, 0, message, None, None)
-            self.queue.put_nowait(notice)
-            self.dropped = 0
         try:
             self.queue.put_nowait(record)
         except queue.Full:
-            self.dropped += 1
+            self.dropped.add()
 
 
 def configure_logging(level: str, log_format: str = "text", access_log: bool = False) -> None:
@@ -191,13 +216,14 @@ def configure_logging(level: str, log_format: str = "text", access_log: bool = F
     writer = _DescriptorWriter(sys.stderr.fileno())
     writer.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     records: queue.Queue[logging.LogRecord] = queue.Queue(MAX_QUEUED_RECORDS)
-    listener = _Writer(records, writer)
+    dropped = DroppedRecords()
+    listener = _Writer(records, writer, dropped)
     listener.start()
     atexit.register(listener.stop_within, EXIT_WRITE_WAIT_S)  # what is queued is written before the process ends
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(_InProcessQueueHandler(records))
+    root.addHandler(_InProcessQueueHandler(records, dropped))
     root.setLevel(level.upper())
     # Python's warnings become records too: in JSON, a bare line on stderr would break the format.
     logging.captureWarnings(True)

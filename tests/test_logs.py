@@ -300,24 +300,38 @@ def _live(port: int) -> bool:
 
 def test_records_are_dropped_and_counted_while_nobody_reads_stderr() -> None:
     """A full queue (the writer thread stuck on a pipe nobody reads) drops records rather than
-    grow without end; once the writer catches up, one warning says how many went."""
-    from gateway.logs import _InProcessQueueHandler
+    grow without end; once the writer catches up, one warning says how many went, with no
+    record after them (the warning waited for the next record: a quiet gateway never wrote it)."""
+    from gateway.logs import DroppedRecords, _InProcessQueueHandler, _Writer
+
+    class Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
 
     records: queue.Queue[logging.LogRecord] = queue.Queue(4)
-    handler = _InProcessQueueHandler(records)
+    dropped = DroppedRecords()
+    handler, kept = _InProcessQueueHandler(records, dropped), Kept()
     logger = logging.getLogger("test.dropped")
     logger.addHandler(handler)
     logger.propagate = False
+    writer = _Writer(records, kept, dropped)
     try:
-        for i in range(10):
+        for i in range(10):  # the writer not started: stuck
             logger.warning("line %d", i)
-        assert records.qsize() == 4 and handler.dropped == 6
-        assert [records.get_nowait().msg for _ in range(3)] == ["line 0", "line 1", "line 2"]
-        logger.warning("after")
-        rest = [records.get_nowait().msg for _ in range(records.qsize())]
-        assert rest == ["line 3", "6 log records were dropped: stderr was not read", "after"]
-        assert handler.dropped == 0
+        assert records.qsize() == 4 and dropped.count == 6
+        writer.start()
+        deadline = time.monotonic() + 10
+        while len(kept.lines) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        notice = "6 log records were dropped: stderr was not read"
+        # Written once the queue is half empty (2 of 4 left), before the rest of it.
+        assert kept.lines == ["line 0", "line 1", notice, "line 2", "line 3"] and dropped.count == 0
     finally:
+        writer.stop_within(5)
         logger.removeHandler(handler)
 
 
