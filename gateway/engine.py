@@ -268,9 +268,9 @@ class Engine:
         metrics.export_totals(self.totals, lambda: {gpu.id: gpu.restarts for gpu in self.gpu_executors})
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Result]] = {}
-        # Per batch: its requests' outputs (or own errors), compute ms, timing, and whether its
-        # requests ran one at a time (_run_each_alone).
-        self._outputs: dict[int, tuple[list[dict[str, np.ndarray] | RequestFailed], float, BatchTiming, bool]] = {}
+        # Per batch: its requests' outputs (or own errors), and its runs on the executor: one, the
+        # batch's, or one per request where they ran one at a time (_run_each_alone; None: not run).
+        self._outputs: dict[int, tuple[list[dict[str, np.ndarray] | RequestFailed], list[BatchTiming | None]]] = {}
         # Per GPU executor, up to when the live page has its busy time: a batch sent before the
         # one ahead of it ended (the default's pipelining) counts only from that end on.
         self._gpu_busy_shown: dict[str, float] = {}
@@ -1177,7 +1177,7 @@ class Engine:
                 message = f"model '{batch.model}' failed on this input: {error}"
                 actions = self.core.on_batch_failed(batch, self.now, 400, "model_error", message)
         else:
-            self._outputs[batch.id] = (parts, compute_ms, timing, False)
+            self._outputs[batch.id] = (parts, [timing])
             actions = self.core.on_batch_done(batch, compute_ms, self.now)
         self._carry_out(actions)
 
@@ -1186,26 +1186,32 @@ class Engine:
         same executor, so that a bad input fails its own request only. Failed together, every
         client was told that its input was bad, in words that carried another client's input."""
         parts: list[dict[str, np.ndarray] | RequestFailed] = []
+        # Each run is one execution of its own request's rows (Triton's statistics, the answer's
+        # batch_size and compute_ms): counted as one batch of them all, every answer carried the
+        # time of every run.
+        runs: list[BatchTiming | None] = []
         compute_ms = 0.0
-        began = time.perf_counter()
         try:
             for request in batch.requests:
                 future = self._futures.get(request.id)
                 if future is None or future.done():  # timed out or its client left meanwhile: not run for nothing
                     parts.append({})
+                    runs.append(None)
                     continue
+                sent = time.perf_counter()
                 try:
                     outputs, ms = await self._execute(executor, batch, request.payload.inputs, again=True)
                 except (ModelError, ValueError) as error:
                     message = f"model '{batch.model}' failed on this input: {error}"
                     parts.append(RequestFailed(message, 400, "model_error", dispatched=request.dispatched))
+                    runs.append(None)
                 else:
                     parts.append(outputs)
+                    runs.append(BatchTiming.measured(request.rows, 0.0, time.perf_counter() - sent, ms, 0.0))
                     compute_ms += ms
         except ExecutorFailed as error:
             return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, f"executor {executor.id} failed: {error}")
-        timing = BatchTiming.measured(batch.rows, 0.0, time.perf_counter() - began, compute_ms, 0.0)
-        self._outputs[batch.id] = (parts, compute_ms, timing, True)
+        self._outputs[batch.id] = (parts, runs)
         # The time of several runs of one request is no batch's l(b): the profiles learn nothing.
         return self.core.on_batch_done(batch, compute_ms, self.now, learn=False)
 
@@ -1254,16 +1260,20 @@ class Engine:
 
     def _finish(self, action: Finish) -> None:
         batch = action.batch
-        parts, compute_ms, timing, ran_alone = self._outputs.pop(batch.id)
-        self.models[batch.model].statistics.executed(timing, round((self.now + self._epoch_offset_s) * 1000))
-        series = self.metrics.for_model(batch.model)
-        series.batch_size.observe(batch.rows)
-        series.compute_seconds.observe(compute_ms / 1000)
+        parts, runs = self._outputs.pop(batch.id)
+        statistics, series = self.models[batch.model].statistics, self.metrics.for_model(batch.model)
         device = self.executors[batch.executor].device
-        self.live.batch_done(batch.model, batch.executor, device, batch.rows, self.now)
-        live = {r.id for r in action.requests}
         now = self.now
-        for request, part in zip(batch.requests, parts, strict=True):
+        # The batch as the dispatch core formed it (/metrics, the live page: how requests were
+        # batched); Triton's statistics count executions, each run of a request alone one of them.
+        series.batch_size.observe(batch.rows)
+        series.compute_seconds.observe(sum(run.infer_ns for run in runs if run is not None) / 1e9)
+        self.live.batch_done(batch.model, batch.executor, device, batch.rows, now)
+        for run in runs:
+            if run is not None:
+                statistics.executed(run, round((now + self._epoch_offset_s) * 1000))
+        live = {r.id for r in action.requests}
+        for index, (request, part) in enumerate(zip(batch.requests, parts, strict=True)):
             # Triton's queue time: in the model's queue, not the body's upload and parsing before.
             queue_ms = (batch.started - (request.queued_at if request.queued_at is not None else request.arrival)) * 1000
             if request.id in live and isinstance(part, RequestFailed):  # its own input refused (_run_each_alone)
@@ -1272,9 +1282,11 @@ class Engine:
                 # Of the requests answered, as the statistics' queue (one whose batch ended after
                 # its timeout was counted too, and the histogram's count ran past the successes).
                 series.queue_seconds.observe(queue_ms / 1000)
-                size = request.rows if ran_alone else batch.rows
+                run = runs[0] if len(runs) == 1 else runs[index]
+                if run is None:  # not run: its future had ended (the core hears of it soon)
+                    continue
                 result = Result(
-                    part, device, size, queue_ms, compute_ms, batch.executor, timing, request.rows, batch.started, now
+                    part, device, run.rows, queue_ms, run.infer_ns / 1e6, batch.executor, run, request.rows, batch.started, now
                 )
                 self._settle(request.id, result)
 

@@ -40,7 +40,7 @@ class GatewayMetrics:
             "gateway_request_seconds", "End-to-end response time", ["model"], buckets=LATENCY_BUCKETS, registry=r
         )
         self.batch_size = Histogram(
-            "gateway_batch_size", "Rows in each executed batch", ["model"], buckets=BATCH_BUCKETS, registry=r
+            "gateway_batch_size", "Rows in each batch dispatched", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
         self.queue_length = Gauge("gateway_queue_length", "Requests waiting in the model's queue", ["model"], registry=r)
         self.sla_seconds = Gauge("gateway_sla_seconds", "The model's response-time SLA", ["model"], registry=r)

@@ -205,6 +205,12 @@ async def test_one_requests_bad_input_fails_that_request_only(gateway):
     after = gateway.admin("table")["stats"]["outcomes"]
     assert after.get("model_error", 0) - before.get("model_error", 0) == 5
     assert after.get("success", 0) - before.get("success", 0) == 15
+    # Triton's statistics count each run alone as an execution of its own rows: counted as one
+    # execution of the whole refused batch, they held more rows than the requests answered.
+    (stats,) = requests.get(f"{gateway.base}/v2/models/table/stats", timeout=10).json()["model_stats"]
+    executions = [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]]
+    assert sum(size * count for size, count in executions) == stats["inference_count"], (executions, stats["inference_count"])
+    assert sum(count for _, count in executions) == stats["execution_count"]
 
 
 def test_a_quantized_or_random_model_keeps_its_batching(tmp_path):
