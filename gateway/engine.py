@@ -216,6 +216,8 @@ class Engine:
         # The config file's own models, kept when one is unloaded (config.models holds those served)
         # so that it can be loaded again.
         self.file_models = dict(config.models)
+        # Models of the repository whose last load failed, and why (its index's reason).
+        self.load_failures: dict[str, str] = {}
         self.metrics = metrics
         self.clock = clock
         # Triton's last_inference is wall-clock milliseconds: the engine's clock shifted once.

@@ -140,7 +140,9 @@ def repository_index(engine: Engine, ready_only: bool = False) -> list[dict[str,
     unloaded.update({name: "1" for name in engine.file_models if name not in unloaded})  # the config's, unloaded at run time
     for name, version in unloaded.items():
         if name not in served:
-            entries[name, version] = {"name": name, "version": version, "state": UNAVAILABLE, "reason": "unloaded"}
+            # Triton's reason for a model whose load failed is the failure.
+            reason = engine.load_failures.get(name, "unloaded")
+            entries[name, version] = {"name": name, "version": version, "state": UNAVAILABLE, "reason": reason}
     for key, runtime in engine.models.items():
         state = UNLOADING if key in engine.unloading else READY if runtime.ready else UNAVAILABLE
         name, version = runtime.served_name, runtime.version
@@ -175,6 +177,18 @@ async def load_from_repository(engine: Engine, name: str, override_text: object,
     else:
         known = ", ".join(sorted({*scan(engine.config.server.model_dir), *engine.served_names(), *engine.file_models}))
         raise InvalidRequest(f"no model '{name}' in the repository ({engine.config.server.model_dir}); known: {known}", 404)
+    try:
+        await _load(engine, name, found, table, override)
+    except InvalidRequest as error:
+        if error.status == 400:  # the model's own failure, the index's reason for it until it loads
+            engine.load_failures[name] = str(error)
+        raise
+    engine.load_failures.pop(name, None)
+
+
+async def _load(
+    engine: Engine, name: str, found: RepositoryModel | None, table: dict[str, Any], override: dict[str, Any]
+) -> None:
     from executors.lifecycle import ExecutorStartError
 
     try:

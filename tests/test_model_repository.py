@@ -603,6 +603,10 @@ def test_a_repository_load_is_refused_what_the_config_refuses(repository):
         assert refused.status_code == 400 and "Traceback" not in said and "\n" not in said, said
         assert said.startswith("model 'broken' failed to load: executor cpu-broken.v1 failed to start"), said
         assert "INVALID_PROTOBUF" in said, said
+        # Triton's index gives a model whose load failed that failure as its reason ("unloaded" before).
+        index = requests.post(f"{repository.base}/v2/repository/index", json={}, headers=ADMIN, timeout=10).json()
+        (entry,) = [e for e in index if e["name"] == "broken"]
+        assert entry["state"] == "UNAVAILABLE" and entry["reason"] == said, entry
     finally:
         for folder in made:
             shutil.rmtree(folder)
