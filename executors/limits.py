@@ -75,9 +75,31 @@ def quota_cores(cores: float, period_us: int) -> float:
     return quota / period
 
 
+# The inode of the kernel's first PID namespace (PROC_PID_INIT_INO): the host's, where a pid
+# names one process of the machine.
+INITIAL_PID_NAMESPACE = 0xEFFFFFFC
+
+
+def pid_namespace() -> int:
+    """The inode of this process's PID namespace."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return INITIAL_PID_NAMESPACE
+
+
+def gateway_folder() -> str:
+    """This gateway's folder in a hierarchy: ``gateway-<pid>``, or in a PID namespace of its own
+    (a container) ``gateway-<pid>-ns<inode>``. Every pod of a DaemonSet runs the gateway as pid
+    1: two worker pods on one node of cgroup v1, which see the node's hierarchy, shared each
+    model's group, one's quota the other's."""
+    namespace = pid_namespace()
+    return f"gateway-{os.getpid()}" if namespace == INITIAL_PID_NAMESPACE else f"gateway-{os.getpid()}-ns{namespace}"
+
+
 def group_name(executor_id: str) -> str:
     """The one naming scheme of every executor's group, relative to a hierarchy's root."""
-    return f"gateway-{os.getpid()}/{safe_name(executor_id)}"
+    return f"{gateway_folder()}/{safe_name(executor_id)}"
 
 
 @dataclass(frozen=True)
@@ -106,7 +128,7 @@ class Hierarchy:
 
     @property
     def base(self) -> Path:
-        return self.root / f"gateway-{os.getpid()}"
+        return self.root / gateway_folder()
 
     def prepare(self) -> None:
         """Make ``gateway-<pid>/`` (raises OSError where it cannot be written); the first time in
@@ -139,7 +161,7 @@ class Hierarchy:
         groups of any running process of that pid. Returns how many gateways' groups went."""
         removed = 0
         for base in self.root.glob("gateway-*/"):
-            if process_ended(base.name.removeprefix("gateway-")) and _remove_groups(base):
+            if gateway_ended(base.name.removeprefix("gateway-")) and _remove_groups(base):
                 removed += 1
         return removed
 
@@ -157,6 +179,16 @@ def process_ended(pid: str) -> bool:
     """Whether ``pid``, read from a leftover's name, is a process no longer running (False for
     a name that holds no pid): what a gateway leaves behind under its pid is removed then."""
     return pid.isdigit() and not psutil.pid_exists(int(pid))
+
+
+def gateway_ended(folder: str) -> bool:
+    """Whether the gateway of a leftover folder of groups (``gateway_folder``'s name without its
+    ``gateway-``) no longer runs. False for one of another PID namespace than this process's:
+    whether its pid runs cannot be told from here."""
+    pid, _, namespace = folder.partition("-ns")
+    if not (namespace or str(INITIAL_PID_NAMESPACE)).isdigit():
+        return False
+    return int(namespace or INITIAL_PID_NAMESPACE) == pid_namespace() and process_ended(pid)
 
 
 # The hierarchies this process has removed ended gateways' groups from (Hierarchy.prepare).

@@ -163,17 +163,19 @@ def test_the_groups_of_ended_gateways_go_and_the_others_stay(sleeper):
     left = hierarchy.root / f"gateway-{ended_pid()}" / "cpu-mlp"  # a gateway killed, and its executor with it
     running = hierarchy.root / f"gateway-{sleeper.pid}" / "cpu-mlp"  # a running process of that pid: not touched
     held = hierarchy.root / f"gateway-{ended_pid()}" / "cpu-cnn"  # an executor that outlived its gateway
+    # A gateway of another PID namespace (a container's): whether its pid runs cannot be told here.
+    elsewhere = hierarchy.root / f"gateway-{ended_pid()}-ns12345" / "cpu-mlp"
     try:
-        for group in (left, running, held):
+        for group in (left, running, held, elsewhere):
             group.mkdir(parents=True)
         (held / "cgroup.procs").write_text(str(sleeper.pid))
         assert hierarchy.remove_ended_gateways() >= 1
         assert not left.parent.exists()
-        assert running.is_dir() and held.is_dir()
+        assert running.is_dir() and held.is_dir() and elsewhere.is_dir()
     finally:
         sleeper.kill()
         sleeper.wait()  # a group holding a process cannot be removed
-        for group in (left, running, held):
+        for group in (left, running, held, elsewhere):
             with contextlib.suppress(OSError):
                 group.rmdir()
                 group.parent.rmdir()
@@ -311,3 +313,59 @@ async def test_a_process_executor_reports_the_cpu_time_it_used(tmp_path, example
         await executor.stop()
         actuator.close()
     assert executor.cpu_seconds() is None  # the process is gone
+
+
+@needs_cgroup
+def test_gateways_each_pid_1_of_a_namespace_of_its_own_keep_their_groups_apart(tmp_path):
+    """Every pod of a DaemonSet runs the gateway as pid 1: two worker pods on one node of cgroup
+    v1 (which see the node's hierarchy) put their executors of a model in one group,
+    gateway-1/cpu-busy, under the quota of whichever set it last."""
+    import os
+    import shutil
+    import signal
+
+    from tests.helpers import ROOT, free_port
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    busy_model(tmp_path / "busy.onnx")
+    started = []
+    try:
+        for cores in (0.3, 0.7):
+            config = tmp_path / f"config-{cores}.toml"
+            config.write_text(
+                f'[control]\npolicy = "fixed"\n[models.busy]\npath = "busy.onnx"\nsla_ms = 100\ncpu = {{ cores = {cores} }}\n'
+            )
+            port = free_port()
+            command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "gateway.cli"]
+            process = subprocess.Popen(
+                [*command, "serve", str(config), "--port", str(port)],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
+            started.append((process, port, cores))
+        groups = []
+        for process, port, cores in started:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with contextlib.suppress(requests.ConnectionError):
+                    if requests.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
+                        break
+                time.sleep(0.2)
+            else:
+                pytest.fail(f"the gateway on port {port} never became ready")
+            (gateway,) = psutil.Process(process.pid).children()
+            namespace = os.stat(f"/proc/{gateway.pid}/ns/pid").st_ino
+            group = Hierarchy.find("cpu").root / f"gateway-1-ns{namespace}" / "cpu-busy"
+            executors = [c.pid for c in gateway.children() if "executors.worker" in " ".join(c.cmdline())]
+            assert executors and set(executors) <= set(map(int, (group / "cgroup.procs").read_text().split())), group
+            assert int((group / "cpu.cfs_quota_us").read_text()) == round(cores * CFS_PERIOD_US)
+            groups.append(group)
+        assert groups[0] != groups[1]
+    finally:
+        for process, _, _ in started:
+            for child in psutil.Process(process.pid).children():
+                child.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    assert not any(group.parent.exists() for group in groups)
