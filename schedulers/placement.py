@@ -13,7 +13,9 @@ Ties go to the worker named first, so that two dispatchers with the same config 
 workers place alike. Placement is incremental: replicas already placed on a worker that is
 still up stay where they are (moving one would throw its controller's state away); only the
 missing ones are placed, and a lowered count removes replicas from the worker that ``balance``
-would unload first (the fullest) or ``pack`` would (the emptiest). Pure: no I/O, no clock.
+would unload first (the fullest) or ``pack`` would (the emptiest). Under ``balance`` one
+exception: where a worker holds two replicas more than another (one that joined after the
+others were placed), replicas move to it until they do not. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -69,5 +71,33 @@ def place(
                 worker = min(free, key=lambda w: (-count[w], order[w]))
             mine.append(worker)
             count[worker] += 1
-        placed[model] = sorted(mine, key=order.__getitem__)
-    return placed
+        placed[model] = mine
+    if policy == "balance":
+        _even_out(placed, workers, holds, count, order)
+    return {model: sorted(mine, key=order.__getitem__) for model, mine in placed.items()}
+
+
+def _even_out(
+    placed: dict[str, list[str]],
+    workers: Sequence[str],
+    holds: Mapping[str, frozenset[str] | set[str]],
+    count: dict[str, int],
+    order: Mapping[str, int],
+) -> None:
+    """Under ``balance``, move replicas from the fullest worker to the emptiest while they
+    differ by more than one: a worker that joined (or came back) after the replicas were placed
+    got none, and the first worker to connect held them all for good (two workers found at once
+    connect some milliseconds apart). A difference of one moves nothing: a move resets the
+    replica's controller."""
+    while workers:
+        fullest = max(workers, key=lambda w: (count[w], -order[w]))
+        emptiest = min(workers, key=lambda w: (count[w], order[w]))
+        if count[fullest] - count[emptiest] <= 1:
+            return
+        movable = [m for m, mine in placed.items() if fullest in mine and emptiest not in mine and m in holds.get(emptiest, ())]
+        if not movable:
+            return
+        model = movable[-1]  # the last placed: the first stay where the policy put them
+        placed[model][placed[model].index(fullest)] = emptiest
+        count[fullest] -= 1
+        count[emptiest] += 1

@@ -36,6 +36,17 @@ def test_replicas_stay_where_they_are_when_a_worker_comes_back():
     assert place({"a": 2}, WORKERS, ALL, current) == {"a": ["w2", "w3"]}
 
 
+def test_balance_gives_a_worker_that_joined_late_its_share():
+    """Two workers found at once say hello some milliseconds apart: the first to be up held
+    every replica, and the second got none for good."""
+    wanted, holds = {"a": 1, "b": 1, "c": 1, "d": 1}, {"w1": {"a", "b", "c", "d"}, "w2": {"a", "b", "c", "d"}}
+    first = place(wanted, ["w1"], holds)
+    assert first == {"a": ["w1"], "b": ["w1"], "c": ["w1"], "d": ["w1"]}
+    assert place(wanted, ["w1", "w2"], holds, first) == {"a": ["w1"], "b": ["w1"], "c": ["w2"], "d": ["w2"]}
+    # pack leaves them where they are
+    assert place({"a": 1, "b": 1}, ["w1", "w2"], ALL, {"a": ["w1"], "b": ["w1"]}, policy="pack") == {"a": ["w1"], "b": ["w1"]}
+
+
 def test_a_lost_worker_s_replica_moves_to_another():
     current = {"a": ["w1", "w2"]}
     assert place({"a": 2}, ["w2", "w3"], ALL, current) == {"a": ["w2", "w3"]}
