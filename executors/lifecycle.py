@@ -331,6 +331,14 @@ class SupervisedExecutor(abc.ABC):
             return
         await self._accepted.put(connection)
 
+    def _close_stale_connections(self) -> None:
+        """Close the connections an earlier launch left queued: one whose hello came just after
+        it was given up on (it exited first) was taken as the next launch's, with its pid, and
+        that launch was restarted at once, its connection already closed."""
+        while not self._accepted.empty():
+            stale = self._accepted.get_nowait()
+            asyncio.get_running_loop().create_task(stale.close())
+
     def _set_state(self, state: str) -> None:
         self.state = state
         self.on_change()
@@ -347,6 +355,7 @@ class SupervisedExecutor(abc.ABC):
         loop = asyncio.get_running_loop()
         while not self._stopping:
             self._set_state("starting")
+            self._close_stale_connections()
             try:
                 handle = self._handle = await self._launch()
             except Exception as error:  # the backend could not even start it (no image, no runtime, ...)

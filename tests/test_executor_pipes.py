@@ -82,3 +82,26 @@ def test_a_client_whose_refusal_the_runtime_logs_at_length_does_not_hang_the_exe
         assert statuses == [400, 200] * 12, statuses
         assert gateway.admin("rs")["executors"][0]["restarts"] == 0
         assert "(cut: the line goes on past" in gateway.output()
+
+
+async def test_a_connection_left_by_an_earlier_launch_is_not_taken_for_the_next(example_models, tmp_path):
+    """A launch that exited just after its hello was given up on, and its connection, accepted
+    after that, stayed queued: the next launch took it (its pid, a closed connection) and was
+    restarted at once."""
+    from executors.connection import ExecutorConnection
+    from executors.process import ProcessExecutor
+
+    executor = ProcessExecutor(
+        "cpu-mlp", {"mlp": example_models / "mlp.onnx"}, device="cpu", threads=1, cores=1.0, socket_dir=tmp_path
+    )
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    stale = ExecutorConnection(reader, writer, {"kind": "hello", "pid": 1, "models": {}})
+    await executor._accepted.put(stale)  # as _on_connect queues it
+    await executor.start()
+    try:
+        assert executor.pid != 1 and executor.restarts == 0 and executor.state == "ready"
+        assert "mlp" in executor.signatures
+    finally:
+        await executor.stop()
+        theirs.close()
