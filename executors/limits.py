@@ -88,13 +88,18 @@ def pid_namespace() -> int:
         return INITIAL_PID_NAMESPACE
 
 
-def gateway_folder() -> str:
-    """This gateway's folder in a hierarchy: ``gateway-<pid>``, or in a PID namespace of its own
-    (a container) ``gateway-<pid>-ns<inode>``. Every pod of a DaemonSet runs the gateway as pid
-    1: two worker pods on one node of cgroup v1, which see the node's hierarchy, shared each
-    model's group, one's quota the other's."""
+def owner_tag() -> str:
+    """What names this process in the folders it leaves (its groups, its socket folder): its
+    pid, or in a PID namespace of its own (a container) ``<pid>-ns<inode>``. Every pod of a
+    DaemonSet runs the gateway as pid 1: two worker pods on one node of cgroup v1, which see the
+    node's hierarchy, shared each model's group, one's quota the other's."""
     namespace = pid_namespace()
-    return f"gateway-{os.getpid()}" if namespace == INITIAL_PID_NAMESPACE else f"gateway-{os.getpid()}-ns{namespace}"
+    return str(os.getpid()) if namespace == INITIAL_PID_NAMESPACE else f"{os.getpid()}-ns{namespace}"
+
+
+def gateway_folder() -> str:
+    """This gateway's folder in a hierarchy: ``gateway-<owner_tag>``."""
+    return f"gateway-{owner_tag()}"
 
 
 def group_name(executor_id: str) -> str:
@@ -181,11 +186,12 @@ def process_ended(pid: str) -> bool:
     return pid.isdigit() and not psutil.pid_exists(int(pid))
 
 
-def gateway_ended(folder: str) -> bool:
-    """Whether the gateway of a leftover folder of groups (``gateway_folder``'s name without its
-    ``gateway-``) no longer runs. False for one of another PID namespace than this process's:
-    whether its pid runs cannot be told from here."""
-    pid, _, namespace = folder.partition("-ns")
+def gateway_ended(tag: str) -> bool:
+    """Whether the process of a leftover folder (its ``owner_tag``) no longer runs. False for one
+    of another PID namespace than this process's: whether its pid runs cannot be told from here
+    (a gateway in a namespace of its own took the host's gateways, whose pids it cannot see, for
+    ended, and removed their socket folders)."""
+    pid, _, namespace = tag.partition("-ns")
     if not (namespace or str(INITIAL_PID_NAMESPACE)).isdigit():
         return False
     return int(namespace or INITIAL_PID_NAMESPACE) == pid_namespace() and process_ended(pid)

@@ -2,7 +2,8 @@
 
 Each executor connects to its gateway over a Unix socket in that folder. A gateway removes the
 folder when it stops; one killed (SIGKILL, the OOM killer) cannot. The folder is named after the
-process that made it (``gateway-<pid>-<random>``), so that the next gateway on the machine can
+process that made it (``gateway-<pid>-<random>``, ``gateway-<pid>-ns<inode>-<random>`` in a PID
+namespace of its own), so that the next gateway on the machine can
 remove what gateways no longer running left, as it does with their cgroups (executors/limits.py)
 and containers (executors/container.py).
 """
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import stat
 import tempfile
 from pathlib import Path
 
-from executors.limits import process_ended
+from executors.limits import gateway_ended, owner_tag
 
 log = logging.getLogger("executors")
 
@@ -27,7 +27,13 @@ def socket_folder(kind: str = "gateway", root: Path | None = None) -> Path:
     root = Path(tempfile.gettempdir()) if root is None else root
     if removed := remove_ended(kind, root):
         log.info("removed the socket folders of %d %s process(es) no longer running", removed, kind)
-    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=root))
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-{owner_tag()}-", dir=root))
+
+
+def _owner(name: str) -> str:
+    """The ``owner_tag`` in a folder's name after its kind: ``PID-RANDOM`` or ``PID-nsINODE-RANDOM``."""
+    parts = name.split("-")
+    return "-".join(parts[:2]) if len(parts) >= 3 and parts[1].startswith("ns") else parts[0]
 
 
 def remove_ended(kind: str, root: Path) -> int:
@@ -35,7 +41,7 @@ def remove_ended(kind: str, root: Path) -> int:
     folder holding anything but sockets stays (it is not one of ours). How many went."""
     removed = 0
     for folder in root.glob(f"{kind}-*-*/"):
-        if not process_ended(folder.name.removeprefix(f"{kind}-").split("-", 1)[0]):
+        if not gateway_ended(_owner(folder.name.removeprefix(f"{kind}-"))):
             continue
         with contextlib.suppress(OSError):
             entries = list(folder.iterdir())

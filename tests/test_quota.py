@@ -329,6 +329,14 @@ def test_gateways_each_pid_1_of_a_namespace_of_its_own_keep_their_groups_apart(t
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1) here")
     busy_model(tmp_path / "busy.onnx")
+    # A running gateway's socket folder: its pid is out of sight of a gateway in a PID namespace
+    # of its own, which took it for ended and removed it (every gateway's on the machine).
+    import socket
+    import tempfile
+
+    live = Path(tempfile.mkdtemp(prefix=f"gateway-{os.getpid()}-"))
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(live / "cpu-mlp.sock"))
     started = []
     try:
         for cores in (0.3, 0.7):
@@ -363,7 +371,9 @@ def test_gateways_each_pid_1_of_a_namespace_of_its_own_keep_their_groups_apart(t
             assert int((group / "cpu.cfs_quota_us").read_text()) == round(cores * CFS_PERIOD_US)
             groups.append(group)
         assert groups[0] != groups[1]
+        assert (live / "cpu-mlp.sock").exists()
     finally:
+        shutil.rmtree(live, ignore_errors=True)
         for process, _, _ in started:
             for child in psutil.Process(process.pid).children():
                 child.send_signal(signal.SIGTERM)
