@@ -170,7 +170,11 @@ class Connections:
     def __init__(self, header_timeout_s: float, max_connections: int, send_timeout_s: float = math.inf):
         self.table: ConnectionTable[GatewayConnection] = ConnectionTable(header_timeout_s, max_connections, send_timeout_s)
         self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        # When the timer fires: uvloop's call_at gives a plain Handle, without when(), for a time
+        # under half a millisecond away or past (its clock counts whole milliseconds), and
+        # asking it tore down whichever connection's data came next ("Fatal error on transport").
+        self._timer_at = 0.0
         self._empty = asyncio.Event()
         self._empty.set()
 
@@ -226,11 +230,11 @@ class Connections:
         """The timer at the first deadline. A head's deadline can come before a stalled write's
         armed earlier (5 s against a request's 60 s): the timer moves to the sooner one."""
         deadline = self.table.next_deadline()
-        if deadline is None or (self._timer is not None and self._timer.when() <= deadline):
+        if deadline is None or (self._timer is not None and self._timer_at <= deadline):
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self._loop.call_at(deadline, self._expire)
+        self._timer, self._timer_at = self._loop.call_at(deadline, self._expire), deadline
 
     def _expire(self) -> None:
         self._timer = None

@@ -329,3 +329,25 @@ def test_clients_that_read_none_of_their_answers_lock_no_one_out(tmp_models):
         finally:
             for sock in deaf:
                 sock.close()
+
+
+def test_a_timer_set_under_a_millisecond_ahead_on_uvloop_is_moved_as_any_other():
+    """uvloop's call_at gives a plain Handle, without when(), for a time under half a millisecond
+    away (its clock counts whole milliseconds): the next connection's _arm asked it, and that
+    connection was torn down (AttributeError, "Fatal error on transport"); idle connections
+    reaching their header timeout every few milliseconds cut well-behaved clients off."""
+    import uvloop
+
+    async def main() -> tuple[bool, bool]:
+        connections = Connections(header_timeout_s=0.0001, max_connections=10, send_timeout_s=5.0)
+        first, second = Dropped(), Dropped()
+        connections.opened(first)
+        connections.opened(second)
+        await asyncio.sleep(0.05)
+        return first.dropped, second.dropped
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == (True, True)
+    finally:
+        loop.close()
