@@ -11,6 +11,7 @@ a bad value is refused naming it, as a config file's would be.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tomllib
@@ -23,7 +24,7 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.config import ConfigError, GatewayConfig, ModelConfig
-from gateway.config.loading import _check_url_name, _file_adapter, _model, _problem
+from gateway.config.loading import _check_url_name, _file_adapter, _model, _problem, _reject_dates
 from gateway.engine import PIPELINE_FIXED
 from gateway.protocol import InvalidRequest
 
@@ -56,7 +57,7 @@ class RepositoryModel:
         if config_file.is_file():
             try:
                 table = tomllib.loads(config_file.read_text())
-            except tomllib.TOMLDecodeError as error:
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as error:  # not UTF-8: a 500 before
                 raise InvalidRequest(f"model '{self.name}': {config_file}: {error}") from None
             if isinstance(table.get("path"), str) and not Path(table["path"]).is_absolute():
                 table["path"] = str(self.folder / table["path"])
@@ -111,6 +112,11 @@ def parse_override(text: object) -> dict[str, Any]:
 def model_config(config: GatewayConfig, name: str, table: dict[str, Any]) -> ModelConfig:
     """``table`` checked as a [models.NAME] table of ``config``'s file would be: a 400 naming the
     key where it is wrong."""
+    try:
+        # A TOML date (a model's config.toml) is no JSON value: json.dumps raised, a 500.
+        _reject_dates(config.source, table, f"models.{name}")
+    except ConfigError as error:
+        raise _as_request_error(error) from None
     try:
         # As a file of that one table: the problems are worded as a config file's.
         checked = _file_adapter().validate_json(json.dumps({"models": {name: table}}), strict=True).models[name]
@@ -200,7 +206,12 @@ async def _load(
                 _check_url_name(engine.config.source, f"models.{name}", name)
             except ConfigError as error:
                 raise _as_request_error(error) from None
-            configs = {v: model_config(engine.config, f"{name}.v{v}", {**found.table(v), **override}) for v in found.versions}
+            # Checked under the name the client knows, then keyed NAME.vN: checked as NAME.vN, a
+            # name of 62 to 64 characters (valid) was refused as too long, under a key never written.
+            configs = {
+                v: dataclasses.replace(model_config(engine.config, name, {**found.table(v), **override}), name=f"{name}.v{v}")
+                for v in found.versions
+            }
             await engine.load_versions(name, configs)
         else:
             await engine.load_model(model_config(engine.config, name, {**table, **override}))

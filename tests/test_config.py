@@ -104,6 +104,16 @@ def test_example_config_loads(example_models):
         ("[models.'..']\npath = 'mlp.onnx'\nsla_ms = 10\n", "models...", "dots only"),
         (f"[models.{'m' * 65}]\npath = 'mlp.onnx'\nsla_ms = 10\n", f"models.{'m' * 65}", "at most 64 characters"),
         ('[models.m]\npath = "ml\\u0000p.onnx"\nsla_ms = 10\n', "models.m.path", "NUL"),
+        # Paths no file can have were a traceback and exit 1, not a config error.
+        ('[server]\nmodel_dir = "a\\u0000b"\n[models.m]\npath = "mlp.onnx"\nsla_ms = 10\n', "server.model_dir", "NUL"),
+        (f"[models.m]\npath = '{'a' * 300}.onnx'\nsla_ms = 10\n", "models.m.path", "cannot be read"),
+        ("[models.m]\npath = 'loop.onnx'\nsla_ms = 10\n", "models.m.path", "cannot be resolved"),
+        (
+            '[node]\ngpus = [0]\n[gpu]\nexecutor = "emulated"\nprofile = "a\\u0000b.csv"\n'
+            '[models.m]\npath = "mlp.onnx"\nsla_ms = 10\n',
+            "gpu.profile",
+            "cannot read",
+        ),
         ("[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { threads = 100000 }\n", "models.m.cpu.threads", "256"),
         (
             "[node]\ncpu_cores = 1\n[models.m]\npath = 'mlp.onnx'\nsla_ms = 10\ncpu = { cores = 1, max_cores = 8 }\n",
@@ -130,6 +140,8 @@ def test_example_config_loads(example_models):
     ],
 )
 def test_config_errors_name_file_and_key(tmp_models, text, key, words):
+    if not (tmp_models / "loop.onnx").is_symlink():
+        (tmp_models / "loop.onnx").symlink_to("loop.onnx")  # a link to itself
     _assert_refused(tmp_models, text, key, words)
 
 

@@ -607,6 +607,27 @@ def test_a_repository_load_is_refused_what_the_config_refuses(repository):
         index = requests.post(f"{repository.base}/v2/repository/index", json={}, headers=ADMIN, timeout=10).json()
         (entry,) = [e for e in index if e["name"] == "broken"]
         assert entry["state"] == "UNAVAILABLE" and entry["reason"] == said, entry
+        # A config.toml that is no UTF-8, or that holds a TOML date: 500s, a traceback in the log.
+        for name, text, words in (
+            ("latin", b'path = "m.onnx"\nsla_ms = 10 # caf\xe9\n', "codec can't decode"),
+            ("dated", b'path = "m.onnx"\nsla_ms = 1979-05-27\n', "models.dated.sla_ms: is a date or a time"),
+        ):
+            (repository.folder / name).mkdir()
+            made.append(repository.folder / name)
+            shutil.copy(repository.folder / "mlp.onnx", repository.folder / name / "m.onnx")
+            (repository.folder / name / "config.toml").write_bytes(text)
+            refused = requests.post(f"{repository.base}/v2/repository/models/{name}/load", headers=ADMIN, timeout=60)
+            assert refused.status_code == 400 and words in refused.json()["error"], refused.text
+        # A name of 64 characters, valid, in version folders: checked as NAME.v1, it was too long.
+        long_name = "r" * 64
+        (repository.folder / long_name / "1").mkdir(parents=True)
+        made.append(repository.folder / long_name)
+        shutil.copy(repository.folder / "mlp.onnx", repository.folder / long_name / "1" / "model.onnx")
+        loaded = requests.post(f"{repository.base}/v2/repository/models/{long_name}/load", headers=ADMIN, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        answer = requests.post(f"{repository.base}/v2/models/{long_name}/infer", json=MLP_BODY, timeout=10)
+        assert answer.status_code == 200, answer.text
+        requests.post(f"{repository.base}/v2/repository/models/{long_name}/unload", headers=ADMIN, timeout=60).raise_for_status()
     finally:
         for folder in made:
             shutil.rmtree(folder)

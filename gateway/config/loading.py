@@ -121,7 +121,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raise ConfigError(source, *problems[0], more=problems[1:]) from None
 
     base = source.resolve().parent
-    server = _server(file.server, base)
+    server = _server(source, file.server, base)
     node = file.node
     control = file.control
     if not control.reserved_cores < node.cpu_cores:
@@ -370,13 +370,24 @@ def worker_token_error(token: str | None) -> str | None:
     return None
 
 
-def _server(server: ServerConfig, base: Path) -> ServerConfig:
+def _server(source: Path, server: ServerConfig, base: Path) -> ServerConfig:
     return dataclasses.replace(
         server,
         admin_token=_token("GATEWAY_ADMIN_TOKEN", server.admin_token),
         data_token=_token("GATEWAY_DATA_TOKEN", server.data_token),
-        model_dir=(base / server.model_dir).resolve() if server.model_dir else base,
+        model_dir=_resolved(source, "server.model_dir", base / server.model_dir) if server.model_dir else base,
     )
+
+
+def _resolved(source: Path, key: str, path: Path) -> Path:
+    """``path`` made absolute, its links followed; a path no file can have (a NUL character, a
+    link to itself, a name over the system's limit) is ``key``'s error, not a traceback."""
+    if "\0" in str(path):
+        raise ConfigError(source, key, "a path cannot hold a NUL character")
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as error:  # RuntimeError: a loop of symbolic links
+        raise ConfigError(source, key, f"cannot be resolved: {error}") from None
 
 
 def _token(variable: str, configured: str | None) -> str | None:
@@ -410,13 +421,15 @@ def _model(
     its CPU executor alone, so an emulated GPU needs no profile row for it)."""
     key = f"models.{name}"
     _check_url_name(source, key, name)
-    if "\0" in str(table.path):
-        raise ConfigError(source, f"{key}.path", "a path cannot hold a NUL character")
     path = table.path if table.path.is_absolute() else source.resolve().parent / table.path
     assert server.model_dir is not None
-    if not path.resolve().is_relative_to(server.model_dir):
+    if not _resolved(source, f"{key}.path", path).is_relative_to(server.model_dir):
         raise ConfigError(source, f"{key}.path", f"{path} is outside the model directory {server.model_dir} (server.model_dir)")
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name over the system's limit
+        raise ConfigError(source, f"{key}.path", f"cannot be read: {error}") from None
+    if not found:
         raise ConfigError(source, f"{key}.path", f"no ONNX file at {path}")
     cpu = _cpu(source, f"{key}.cpu", table.cpu, node, default_cores) if table.cpu_executor else None
     if table.dispatch_batch > table.max_batch_size:
@@ -529,7 +542,7 @@ def _profile_rows(source: Path, path: Path) -> list[dict[str, str]]:
             rows = list(csv.DictReader(handle))
     except FileNotFoundError:
         raise ConfigError(source, "gpu.profile", f"no such file {path}") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
+    except (OSError, ValueError, csv.Error) as error:  # ValueError: a NUL in the path, text no UTF-8
         raise ConfigError(source, "gpu.profile", f"cannot read {path}: {error}") from None
     if not rows or "model" not in rows[0]:
         raise ConfigError(source, "gpu.profile", f"{path} needs the columns model, alpha_ms, beta_ms")
