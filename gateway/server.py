@@ -738,7 +738,7 @@ async def serve(config: GatewayConfig) -> None:
         "serving %d model(s) on http://%s:%d, at most %d connections",
         len(engine.models),
         config.server.host,
-        config.server.port,
+        listener.sockets[0].getsockname()[1],  # port 0: the one the system chose
         connections.table.max_connections,
     )
     grpc_server = None

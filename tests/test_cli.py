@@ -62,3 +62,33 @@ def test_a_log_level_is_taken_in_any_case():
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_serving_on_port_0_logs_the_port_the_system_chose(tmp_models):
+    """--port 0 served on a port of the system's choosing, and the log said ":0"."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    from tests.helpers import ROOT, write_config
+
+    config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 100}})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", "0"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline, said = time.monotonic() + 120, ""
+        while "serving 1 model(s)" not in said and time.monotonic() < deadline:
+            said += process.stderr.readline()
+        (port,) = re.findall(r"serving 1 model\(s\) on http://127\.0\.0\.1:(\d+)", said)
+        assert port != "0"
+        assert requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=5).status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
