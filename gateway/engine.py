@@ -1248,6 +1248,13 @@ class Engine:
                 )
             else:
                 run = executor.infer(batch.model, inputs, latest_start=batch.latest_start, waited_ms=waited_ms)
+            if getattr(executor, "backend", None) == "remote":
+                # Its worker times the batch from when it begins on the executor, and kills and
+                # restarts a hung one (answering "failed"); a worker that dies or is cut off is
+                # down after its heartbeat timeout, and its batches fail then. Timed here from
+                # the send, a batch that waited on the worker behind another dispatcher's was
+                # given up on (503) while the worker was running it.
+                return await run
             return await asyncio.wait_for(run, hang_s)
         except TimeoutError:
             executor.kill_hung(f"no reply to a batch of {batch.rows} within {hang_s:g} s (hang_timeout_ms)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from gateway.cluster.link import RemoteExecutor, WorkerLink
 from gateway.cluster.worker import WorkerNode
 from tests.helpers import free_port
@@ -83,6 +85,49 @@ def test_the_heartbeat_leaves_out_what_only_a_start_of_the_executor_changes():
             "restarts": process.restarts,
         }
         assert worker.hello()["executors"][0]["provider"] == "CPUExecutionProvider"
+    finally:
+        worker.node.close()
+        shutil.rmtree(worker._socket_dir, ignore_errors=True)
+
+
+class OneAtATime:
+    """An executor that runs its batches one after another, in the order sent, each taking
+    ``seconds`` (``None``: it hangs)."""
+
+    id = "cpu-m"
+
+    def __init__(self, seconds: float | None):
+        import asyncio
+
+        self.seconds, self.turn = seconds, asyncio.Lock()
+
+    async def infer(self, model, tensors, latest):
+        import asyncio
+
+        async with self.turn:
+            if self.seconds is None:
+                await asyncio.Event().wait()
+            await asyncio.sleep(self.seconds)
+            return {}, self.seconds * 1000
+
+
+async def test_a_batch_waiting_behind_another_on_its_executor_is_not_taken_for_a_hang():
+    """Two dispatchers sharing a worker each sent one batch of 0.3 s to an executor with a hang
+    timeout of 0.5 s: the second, timed from its send, waited 0.3 s behind the first and was
+    taken for a hang at 0.5 s; the healthy executor was killed, with every batch on it. Timed from
+    when it begins, a hung executor is still found out."""
+    import asyncio
+    import dataclasses
+
+    worker = WorkerNode(gateway_config(model("m", cores=0.5)))
+    try:
+        worker.config.models["m"] = dataclasses.replace(worker.config.models["m"], hang_timeout_ms=500)
+        executor = OneAtATime(0.3)
+        both = await asyncio.gather(*(worker._run(executor, "m", {}, float("inf")) for _ in range(2)))
+        assert [ms for _, ms in both] == [300.0, 300.0]
+        hung = OneAtATime(None)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(worker._run(hung, "m", {}, float("inf")), 5)
     finally:
         worker.node.close()
         shutil.rmtree(worker._socket_dir, ignore_errors=True)

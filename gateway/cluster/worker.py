@@ -130,6 +130,9 @@ class WorkerNode:
         self.node: NodeExecutors = build_node_executors(config, self._socket_dir, self._on_executor_change)
         self.executors: dict[str, SupervisedExecutor] = self.node.by_id
         self.loads = {name: ModelLoad() for name in self.node.cpu}
+        # Per executor, the end of the last batch sent to it: it runs them one after another, in
+        # the order sent, so a batch begins once the one before it has ended.
+        self._last_sent: dict[str, asyncio.Future[None]] = {}
         #: SLAs the dispatchers set at run time, by model (the config's until one does): the last
         #: one heard wins where several dispatchers share the worker.
         self.sla_ms: dict[str, float] = {}
@@ -363,9 +366,7 @@ class WorkerNode:
                 raise ExecutorFailed(f"worker {self.name} has no executor {header.get('executor')!r}")
             tensors = unpack_tensors(header["tensors"], payload)
             latest = header.get("latest", math.inf)
-            outputs, compute_ms = await asyncio.wait_for(
-                executor.infer(model, tensors, latest), self.config.models[model].hang_timeout_s
-            )
+            outputs, compute_ms = await self._run(executor, model, tensors, latest)
             descriptions, buffers = pack_tensors(outputs)
             reply = {"kind": "result", "id": request_id, "compute_ms": compute_ms, "tensors": descriptions}
         except BatchLate as late:
@@ -391,6 +392,28 @@ class WorkerNode:
             writer.writelines(encode_frame(reply, buffers))
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
+
+    async def _run(
+        self, executor: SupervisedExecutor, model: str, tensors: dict[str, Any], latest: float
+    ) -> tuple[dict[str, Any], float]:
+        """The batch on ``executor``, timed against its model's hang timeout from when it begins:
+        once the batch sent before it (another dispatcher's, say) has ended. Timed from when it was
+        sent, a batch that waited behind a long one made the healthy executor look hung, and it
+        was killed, with every batch on it (a worker shared by two dispatchers)."""
+        loop = asyncio.get_running_loop()
+        ahead = self._last_sent.get(executor.id)
+        ended: asyncio.Future[None] = loop.create_future()
+        self._last_sent[executor.id] = ended
+        run = asyncio.ensure_future(executor.infer(model, tensors, latest))
+        try:
+            if ahead is not None and not ahead.done():
+                await asyncio.wait({ahead, run}, return_when=asyncio.FIRST_COMPLETED)
+            return await asyncio.wait_for(run, self.config.models[model].hang_timeout_s)
+        finally:
+            run.cancel()  # where this call itself was cancelled while it waited its turn
+            ended.set_result(None)
+            if self._last_sent.get(executor.id) is ended:
+                del self._last_sent[executor.id]
 
     # -- the node's control plane ------------------------------------------------------------
     def _backlog(self, load: ModelLoad, now: float) -> tuple[int, float | None]:
