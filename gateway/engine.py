@@ -54,7 +54,7 @@ from gateway.pipeline.runner import PipelineRuntime, StepFailed
 from gateway.profiling import profile_executor
 from gateway.protocol import InferRequest, InvalidRequest
 from gateway.signature import ModelSignature
-from gateway.stacking_check import why_stacking_changes_results, why_stacking_changes_results_here
+from gateway.stacking_check import file_signature, why_stacking_changes_results, why_stacking_changes_results_here
 from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from gateway.ui.series import LiveSeries, PeriodOf
@@ -351,8 +351,9 @@ class Engine:
             await self._start_node()
         now = self.now
         for runtime in self.models.values():
-            first = next(e for e in runtime.serving_executors if e.ready)
-            runtime.signature = _servable(runtime.name, first.signatures[runtime.name])
+            if runtime.signature is None:  # a dispatcher has its own file's (_start_cluster)
+                first = next(e for e in runtime.serving_executors if e.ready)
+                runtime.signature = _servable(runtime.name, first.signatures[runtime.name])
             self.metrics.sla_seconds.labels(runtime.name).set(runtime.sla_ms / 1000)
             for executor in runtime.executors:
                 if self.cluster is None:  # a worker counts its own executors' cores
@@ -398,6 +399,21 @@ class Engine:
         """Find the workers and wait until each model has a ready executor among theirs."""
         assert self.cluster is not None
         await self.cluster.start()
+        # What is served is the dispatcher's own file: a worker whose config points the name at
+        # another file is refused from its first hello. Taken from the first worker to answer,
+        # such a worker set what was served, and the workers holding the dispatcher's file were
+        # refused. A file this process cannot open: the first worker's, as before.
+        for runtime in self.models.values():
+            try:
+                runtime.signature = _servable(runtime.name, await asyncio.to_thread(file_signature, runtime.config.path))
+            except Exception as error:
+                log.warning(
+                    "model %s: %s cannot be opened here (%s): served as its first worker has it",
+                    runtime.name,
+                    runtime.config.path,
+                    error,
+                )
+        self.cluster.check_signatures()
 
         def serving(name: str) -> bool:
             return any(e.ready for e in self.models[name].serving_executors)

@@ -23,6 +23,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,6 +102,16 @@ async def why_stacking_changes_results(
         return (await asyncio.wait_for(executor.infer(model, inputs), hang_s))[0]
 
     return await _checked(model, run, signature)
+
+
+def file_signature(path: Path) -> dict[str, Any]:
+    """The inputs and outputs of the model at ``path`` as its executor's hello says them, read by
+    ONNX Runtime in this process."""
+    import onnxruntime
+
+    from executors.tensors import describe
+
+    return describe(onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
 
 
 def session_runner(path: Path) -> tuple[ModelSignature, Callable[[dict[str, np.ndarray]], Outputs]]:

@@ -271,6 +271,38 @@ def test_a_worker_back_without_the_model_or_with_another_takes_none_of_its_reque
             assert "takes or gives other tensors than the one served" in gateway.output()
 
 
+def test_a_dispatcher_serves_its_own_file_whichever_worker_answers_first(tmp_path: Path):
+    """The first worker to answer, whose config pointed "mlp" at another file, set what the
+    dispatcher served: its inputs, and the worker holding the dispatcher's own file refused."""
+    body = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.5] * 512}]}
+    with make_hosts(2) as hosts:
+        workers = [f"{hosts.address(i)}:{WORKER_PORT}" for i in range(2)]
+        config = cluster_config(tmp_path / "cluster.toml", workers, MLP)
+        other = cluster_config(tmp_path / "other.toml", workers, {"mlp": {**MLP["mlp"], "path": "models/cnn_small.onnx"}})
+        with workers_on(hosts, 2, config) as nodes:
+            nodes[1].kill()
+            nodes[1].config = other
+            nodes[1].start()
+            nodes[1].wait_ready()
+            nodes[0].kill()  # the worker of the dispatcher's own file: it answers seconds later
+            later = threading.Timer(3.0, nodes[0].start)
+            later.start()
+            with dispatcher(config) as gateway:
+                later.join()
+                metadata = requests.get(f"{gateway.base}/v2/models/mlp", timeout=10).json()
+                assert metadata["inputs"][0]["shape"] == [-1, 512], metadata
+
+                def seen() -> bool:
+                    states = {e["worker"]: e["state"] for e in gateway.admin("mlp")["executors"]}
+                    return states.get(nodes[1].endpoint) == "refused" and states.get(nodes[0].endpoint) == "ready"
+
+                wait_for(seen, 60, "the other file's executor refused and the dispatcher's own used")
+                statuses = [
+                    requests.post(f"{gateway.base}/v2/models/mlp/infer", json=body, timeout=10).status_code for _ in range(10)
+                ]
+                assert statuses == [200] * 10, statuses
+
+
 def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path):
     with make_hosts(2) as hosts, TestDnsServer() as dns:
         name = "gateway-workers.gateway.svc.cluster.local"
