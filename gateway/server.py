@@ -421,6 +421,9 @@ class Handlers:
         }
         if batching:
             config["dynamic_batching"] = {}
+            levels = getattr(runtime.config, "priority_levels", 1)
+            if levels > 1:  # Triton's fields of its priority queue, where the model has levels
+                config["dynamic_batching"] = {"priority_levels": levels, "default_priority_level": runtime.config.default_level}
         graph = getattr(runtime, "graph", None)
         if graph is not None:
             # Triton's ensemble always lists its steps; perf_analyzer reads them to find the

@@ -35,6 +35,7 @@ from gateway.signature import ModelSignature
 log = logging.getLogger("gateway")
 
 ROWS = 2  # each request's
+UNCHECKED = "model %s: could not check that batching keeps each request's results (%s)"
 
 Outputs = dict[str, np.ndarray]
 
@@ -86,7 +87,7 @@ async def _checked(
     try:
         runs = [await run(inputs) for inputs in check_requests(signature)]
     except Exception as error:
-        log.warning("model %s: could not check that batching keeps each request's results (%s)", model, error)
+        log.warning(UNCHECKED, model, error or type(error).__name__)  # a timeout's text is empty
         return None
     return why_results_differ(runs)
 
@@ -143,6 +144,6 @@ async def why_stacking_changes_results_here(model: str, path: Path, signature: M
     try:
         _, runner = await asyncio.to_thread(session_runner, path)
     except Exception as error:
-        log.warning("model %s: could not check that batching keeps each request's results (%s)", model, error)
+        log.warning(UNCHECKED, model, error or type(error).__name__)  # a timeout's text is empty
         return None
     return await _checked(model, run, signature)

@@ -103,3 +103,12 @@ def test_a_bad_priority_is_refused_naming_it(saturated):
         client.infer("ppocr_det", [tensor], priority=3)
     assert caught.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT) and "priority levels 1 to 2" in caught.value.message()
     assert client.infer("ppocr_det", [tensor], priority=1).as_numpy("sigmoid_0.tmp_0") is not None
+
+
+def test_the_models_config_says_its_priority_levels_as_tritons_does(saturated):
+    """dynamic_batching was {} whatever priority_levels the model had."""
+    config = requests.get(f"{saturated.base}/v2/models/ppocr_det/config", timeout=10).json()
+    assert config["dynamic_batching"] == {"priority_levels": 2, "default_priority_level": 2}, config
+    over_grpc = triton_grpc.InferenceServerClient(saturated.grpc_url).get_model_config("ppocr_det", as_json=True)
+    batching = over_grpc["config"]["dynamic_batching"]
+    assert int(batching["priority_levels"]) == 2 and int(batching["default_priority_level"]) == 2, batching
