@@ -425,12 +425,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata = text_metadata(context)
 
         async def serve(request: service_pb2.ModelInferRequest | MalformedMessage) -> None:
-            if isinstance(request, MalformedMessage):  # no request of any model: its own error, the stream goes on
-                answer = service_pb2.ModelStreamInferResponse(error_message=request.describe())
-                answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
-                answers.put_nowait(answer)
-                return
-            answers.put_nowait(await self._stream_answer(request, metadata))
+            # Exactly one answer for each request read: the stream ends once all are taken.
+            try:
+                if isinstance(request, MalformedMessage):  # no request of any model: its own error, the stream goes on
+                    answer = service_pb2.ModelStreamInferResponse(error_message=request.describe())
+                    answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+                else:
+                    answer = await self._stream_answer(request, metadata)
+            except Exception:
+                log.exception("unexpected error answering a stream's request")
+                answer = service_pb2.ModelStreamInferResponse(error_message="internal error; see the gateway's log")
+            answers.put_nowait(answer)
 
         unanswered = 0  # requests read whose answers the client has not taken
 
