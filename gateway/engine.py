@@ -1304,12 +1304,12 @@ class Engine:
             if request.id in live and isinstance(part, RequestFailed):  # its own input refused (_run_each_alone)
                 self._settle(request.id, error=part)
             elif request.id in live:
-                # Of the requests answered, as the statistics' queue (one whose batch ended after
-                # its timeout was counted too, and the histogram's count ran past the successes).
-                series.queue_seconds.observe(queue_ms / 1000)
                 run = runs[0] if len(runs) == 1 else runs[index]
                 if run is None:  # not run: its future had ended (the core hears of it soon)
                     continue
+                # Of the requests answered, as the statistics' queue (one whose batch ended after
+                # its timeout was counted too, and the histogram's count ran past the successes).
+                series.queue_seconds.observe(queue_ms / 1000)
                 result = Result(
                     part, device, run.rows, queue_ms, run.infer_ns / 1e6, batch.executor, run, request.rows, batch.started, now
                 )
