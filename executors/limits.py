@@ -89,8 +89,8 @@ def pid_namespace() -> int:
 
 
 def owner_tag() -> str:
-    """What names this process in the folders it leaves (its groups, its socket folder): its
-    pid, or in a PID namespace of its own (a container) ``<pid>-ns<inode>``. Every pod of a
+    """What names this process in the folder of its groups: its pid, or in a PID namespace of
+    its own (a container) ``<pid>-ns<inode>``. Every pod of a
     DaemonSet runs the gateway as pid 1: two worker pods on one node of cgroup v1, which see the
     node's hierarchy, shared each model's group, one's quota the other's."""
     namespace = pid_namespace()
@@ -187,10 +187,10 @@ def process_ended(pid: str) -> bool:
 
 
 def gateway_ended(tag: str) -> bool:
-    """Whether the process of a leftover folder (its ``owner_tag``) no longer runs. False for one
-    of another PID namespace than this process's: whether its pid runs cannot be told from here
-    (a gateway in a namespace of its own took the host's gateways, whose pids it cannot see, for
-    ended, and removed their socket folders)."""
+    """Whether the process of a leftover folder of groups (its ``owner_tag``) no longer runs.
+    False for one of another PID namespace than this process's: whether its pid runs cannot be
+    told from here (a gateway in a namespace of its own took the host's gateways, whose pids it
+    cannot see, for ended)."""
     pid, _, namespace = tag.partition("-ns")
     if not (namespace or str(INITIAL_PID_NAMESPACE)).isdigit():
         return False

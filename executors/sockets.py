@@ -2,8 +2,7 @@
 
 Each executor connects to its gateway over a Unix socket in that folder. A gateway removes the
 folder when it stops; one killed (SIGKILL, the OOM killer) cannot. The folder is named after the
-process that made it (``gateway-<pid>-<random>``, ``gateway-<pid>-ns<inode>-<random>`` in a PID
-namespace of its own), so that the next gateway on the machine can
+process that made it (``gateway-<pid>-<random>``), so that the next gateway on the machine can
 remove what gateways no longer running left, as it does with their cgroups (executors/limits.py)
 and containers (executors/container.py).
 """
@@ -12,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import stat
 import tempfile
 from pathlib import Path
 
-from executors.limits import gateway_ended, owner_tag
+from executors.limits import INITIAL_PID_NAMESPACE, pid_namespace, process_ended
 
 log = logging.getLogger("executors")
 
@@ -27,21 +27,22 @@ def socket_folder(kind: str = "gateway", root: Path | None = None) -> Path:
     root = Path(tempfile.gettempdir()) if root is None else root
     if removed := remove_ended(kind, root):
         log.info("removed the socket folders of %d %s process(es) no longer running", removed, kind)
-    return Path(tempfile.mkdtemp(prefix=f"{kind}-{owner_tag()}-", dir=root))
-
-
-def _owner(name: str) -> str:
-    """The ``owner_tag`` in a folder's name after its kind: ``PID-RANDOM`` or ``PID-nsINODE-RANDOM``."""
-    parts = name.split("-")
-    return "-".join(parts[:2]) if len(parts) >= 3 and parts[1].startswith("ns") else parts[0]
+    # The pid alone, even in a PID namespace of its own: a Unix socket's path has room for 107
+    # bytes, and the executors' ids (executors/names.py) take what the folder leaves.
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=root))
 
 
 def remove_ended(kind: str, root: Path) -> int:
     """Remove the socket folders of ``kind`` under ``root`` whose process is no longer running. A
-    folder holding anything but sockets stays (it is not one of ours). How many went."""
+    folder holding anything but sockets stays (it is not one of ours). How many went. Nothing is
+    removed by a process in a PID namespace of its own (a container): the pids in the names may
+    be another namespace's, out of its sight (one took every gateway's folder in a /tmp it
+    shared for an ended one's, and their executors could not restart); its /tmp is its own."""
+    if pid_namespace() != INITIAL_PID_NAMESPACE:
+        return 0
     removed = 0
     for folder in root.glob(f"{kind}-*-*/"):
-        if not gateway_ended(_owner(folder.name.removeprefix(f"{kind}-"))):
+        if not process_ended(folder.name.removeprefix(f"{kind}-").split("-", 1)[0]):
             continue
         with contextlib.suppress(OSError):
             entries = list(folder.iterdir())

@@ -87,7 +87,7 @@ async def _checked(
     try:
         runs = [await run(inputs) for inputs in check_requests(signature)]
     except Exception as error:
-        log.warning(UNCHECKED, model, error or type(error).__name__)  # a timeout's text is empty
+        log.warning(UNCHECKED, model, str(error) or type(error).__name__)  # a timeout's text is empty
         return None
     return why_results_differ(runs)
 
@@ -144,6 +144,6 @@ async def why_stacking_changes_results_here(model: str, path: Path, signature: M
     try:
         _, runner = await asyncio.to_thread(session_runner, path)
     except Exception as error:
-        log.warning(UNCHECKED, model, error or type(error).__name__)  # a timeout's text is empty
+        log.warning(UNCHECKED, model, str(error) or type(error).__name__)  # a timeout's text is empty
         return None
     return await _checked(model, run, signature)

@@ -243,3 +243,21 @@ def test_a_quantized_or_random_model_keeps_its_batching(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
     )
     assert _batchable(save_model(noisy, tmp_path / "noisy.onnx"))
+
+
+async def test_a_check_that_times_out_says_so(caplog):
+    """A run given up on (asyncio's TimeoutError, whose text is empty) was logged with an empty reason: "()"."""
+    import logging
+
+    from gateway.signature import ModelSignature
+    from gateway.stacking_check import _checked
+
+    x, y = ({"name": name, "datatype": "FP32", "shape": [-1, 4]} for name in ("x", "y"))
+    signature = ModelSignature.from_json({"inputs": [x], "outputs": [y]})
+
+    async def hangs(inputs):
+        raise TimeoutError
+
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        assert await _checked("m", hangs, signature) is None
+    assert "could not check that batching keeps each request's results (TimeoutError)" in caplog.text
