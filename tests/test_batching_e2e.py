@@ -135,6 +135,16 @@ def mixing_model(path, node, element, kind: str):
 def test_the_simulator_batches_what_serve_batches(tmp_path):
     assert _batchable(rowsum_model(tmp_path / "rowsum.onnx"))
     assert _batchable(table_model(tmp_path / "table.onnx"))
+    # A table of two rows refuses the second round's 2 and 3: the first round's word stands.
+    two_rows = helper.make_tensor("table", TensorProto.FLOAT, [2, 3], [float(v) for v in range(6)])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "small_table",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+        [two_rows],
+    )
+    assert _batchable(save_model(graph, tmp_path / "small_table.onnx"))
     assert not _batchable(fixed_shape_model(tmp_path / "fixed.onnx"))
     assert not _batchable(transpose_model(tmp_path / "transpose.onnx"))
     assert not _batchable(two_lengths_model(tmp_path / "lookup.onnx"))
@@ -261,3 +271,41 @@ async def test_a_check_that_times_out_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger="gateway"):
         assert await _checked("m", hangs, signature) is None
     assert "could not check that batching keeps each request's results (TimeoutError)" in caplog.text
+
+
+def _row_reduction_model(path, op: str, datatype: int):
+    """x[N, 4] of integers -> x minus the maximum (ReduceMax) or mean (ReduceMean) of its rows."""
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT)]
+    nodes += [helper.make_node(op, ["xf"], ["m"], axes=[0], keepdims=1), helper.make_node("Sub", ["xf", "m"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "rows",
+        [helper.make_tensor_value_info("x", datatype, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    return save_model(graph, path)
+
+
+@pytest.mark.parametrize(("op", "datatype"), [("ReduceMax", TensorProto.INT64), ("ReduceMean", TensorProto.INT32)])
+async def test_integers_reduced_over_the_rows_are_not_batched(tmp_path, op, datatype):
+    """The check's integers were each request's row numbers, 0, 1 and 1, 0: a maximum or a mean
+    over the rows came out the same alone and stacked, and clients of such a model got answers
+    made of other clients' rows (a GPU-only model, 4 of 8 answers wrong). A lookup in a table
+    still batches: each request's rows are its own whatever the indices."""
+    from gateway.stacking_check import session_runner, why_stacking_changes_results_here
+
+    path = _row_reduction_model(tmp_path / "rows.onnx", op, datatype)
+    assert not _batchable(path)
+    signature, _ = session_runner(path)
+    assert "not the same stacked as alone" in await why_stacking_changes_results_here("rows", path, signature, 10.0)
+    assert _batchable(table_model(tmp_path / "table.onnx"))
+    # A table of two rows refuses the second round's 2 and 3: the first round's word stands.
+    two_rows = helper.make_tensor("table", TensorProto.FLOAT, [2, 3], [float(v) for v in range(6)])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
+        "small_table",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
+        [two_rows],
+    )
+    assert _batchable(save_model(graph, tmp_path / "small_table.onnx"))

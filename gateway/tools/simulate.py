@@ -443,7 +443,7 @@ def arrivals_problem(arrivals: list[tuple[float, str]]) -> str | None:
 def _batchable(path: Path) -> bool:
     """Whether the model's requests are stacked into batches, as ``gateway serve`` finds it: a
     batch dimension in its signature, and results that stacking keeps (gateway/stacking_check.py)."""
-    from gateway.stacking_check import check_requests, session_runner, why_results_differ
+    from gateway.stacking_check import check_rounds, session_runner, why_results_differ
 
     try:
         signature, run = session_runner(path)
@@ -451,11 +451,16 @@ def _batchable(path: Path) -> bool:
         raise SystemExit(f"gateway simulate: {path}: ONNX Runtime cannot open it: {error}") from None
     if not signature.batchable:
         return False
-    try:
-        runs = [run(inputs) for inputs in check_requests(signature)]
-    except Exception:  # as serve does: a model that fails on the sample inputs keeps its batching
-        return True
-    return why_results_differ(runs) is None
+    # As serve does (gateway/stacking_check.py's _checked): a model that fails on a round's
+    # inputs keeps the word of the rounds before (none: its batching).
+    for round_ in check_rounds(signature):
+        try:
+            runs = [run(inputs) for inputs in round_]
+        except Exception:
+            return True
+        if why_results_differ(runs) is not None:
+            return False
+    return True
 
 
 def simulate_config(
