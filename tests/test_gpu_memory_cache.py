@@ -133,6 +133,11 @@ def test_the_gpu_loads_and_unloads_as_lru_says_and_every_answer_is_right(cached_
     unloads = {m: metric_value(metrics, "gateway_gpu_model_unloads_total", gpu="gpu-0", model=m) for m in MODELS}
     assert loads == {"mlp": 2, "cnn_small": 2, "cnn_large": 2}
     assert unloads == {"mlp": 2, "cnn_small": 1, "cnn_large": 1}
+    # Each of those batches loaded its model first (60 ms for cnn_large): no part of the batch in
+    # Triton's statistics, where it was counted as compute_output.
+    (stats,) = requests.get(f"{cached_gateway.base}/v2/models/cnn_large/stats", timeout=10).json()["model_stats"]
+    output = stats["inference_stats"]["compute_output"]
+    assert output["count"] == 2 and output["ns"] / output["count"] < 30e6, output
     # Now cnn_small and cnn_large are held. mlp's LOAD takes 40 ms: a client timeout of 20 ms
     # cannot absorb it, and is refused at admission with the reason.
     refused = infer(cached_gateway, "mlp", rng.random(MODELS["mlp"], dtype=np.float32), timeout_us=20_000)
