@@ -309,3 +309,34 @@ async def test_integers_reduced_over_the_rows_are_not_batched(tmp_path, op, data
         [two_rows],
     )
     assert _batchable(save_model(graph, tmp_path / "small_table.onnx"))
+
+
+def test_rows_mixed_under_an_offset_or_through_a_small_table_are_not_batched(tmp_path):
+    """Two models the check passed, whose pipelines' clients then read each other's rows:
+    x - mean(x, axis=0) + 100, where another request's rows moved each value by 0.05% of the
+    output's norm (within the 5% a quantized model needs); and the rows of a two-row table,
+    table[idx] - max(table[idx], axis=0), whose second round (indices 2 and 3) the table refused."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+            helper.make_node("Sub", ["x", "m"], ["d"]),
+            helper.make_node("Add", ["d", "hundred"], ["y"]),
+        ],
+        "offset_mean",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor("hundred", TensorProto.FLOAT, [], [100.0])],
+    )
+    assert not _batchable(save_model(graph, tmp_path / "offset_mean.onnx"))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "idx"], ["t"], axis=0),
+            helper.make_node("ReduceMax", ["t"], ["m"], axes=[0], keepdims=1),
+            helper.make_node("Sub", ["t", "m"], ["y"]),
+        ],
+        "table_max",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["N", 3])],
+        [helper.make_tensor("table", TensorProto.INT64, [2, 3], [1, 2, 3, 10, 20, 30])],
+    )
+    assert not _batchable(save_model(graph, tmp_path / "table_max.onnx"))
