@@ -553,3 +553,24 @@ def test_a_request_of_more_chunks_than_the_models_queue_holds_is_served(pipeline
     one = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 512], "data": x[7].tolist()}]}
     alone = requests.post(f"{pipeline.base}/v2/models/quick/infer", json=one, timeout=60).json()["outputs"][0]["data"]
     assert np.allclose(np.asarray(y["data"]).reshape(200, 512)[7], alone, atol=1e-5)
+
+
+def test_a_slow_upload_is_not_the_pipelines_compute(pipeline):
+    """A pipeline's compute_ms (its answer's, and Triton's compute_infer in its statistics) was
+    counted from its request's arrival: a body sent over 0.8 s was 0.8 s of compute."""
+    body = json.dumps(_body(0.0)).encode()
+
+    def trickle():
+        for start in range(0, len(body), len(body) // 4 + 1):
+            yield body[start : start + len(body) // 4 + 1]
+            time.sleep(0.2)
+
+    response = requests.post(
+        f"{pipeline.base}/v2/models/waits/infer", data=trickle(), headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    compute_ms = response.json()["parameters"]["compute_ms"]
+    assert compute_ms < 400, compute_ms
+    stats = requests.get(f"{pipeline.base}/v2/models/waits/stats", timeout=10).json()["model_stats"][0]
+    infer = stats["inference_stats"]["compute_infer"]
+    assert infer["count"] == 1 and infer["ns"] / 1e6 == pytest.approx(compute_ms, abs=0.01)
