@@ -817,8 +817,9 @@ class DispatchCore:
     def _pump_gpus(self, now: float, actions: list[Action]) -> None:
         assert self.gpu_scheduler is not None
         self._deferral_at = math.inf
-        while self._idle_gpus:
-            gpu = next(iter(self._idle_gpus.values()))
+        declined: set[str] = set()  # idle GPUs left for a busy one that holds the model
+        while idle := [g for g in self._idle_gpus.values() if g.id not in declined]:
+            gpu = idle[0]
             decision = self.gpu_scheduler.decide(now, gpu.id, now)
             if decision is None:
                 return
@@ -828,8 +829,8 @@ class DispatchCore:
             state = self.models[decision.model]
             if self.gpu_memory is None:
                 self._start(gpu, state, self._take(state, decision), now, actions)
-            else:
-                self._start_cached(gpu, state, self._take(state, decision), now, actions)
+            elif not self._start_cached(gpu, state, self._take(state, decision), now, actions):
+                declined.add(gpu.id)
             self._queue_changed(state, now)
 
     def _pipelining(self) -> bool:
@@ -884,11 +885,13 @@ class DispatchCore:
 
     def _start_cached(
         self, gpu: ExecutorState, state: ModelState, requests: list[Request], now: float, actions: list[Action]
-    ) -> None:
+    ) -> bool:
         """Start a GPU batch where GPUs hold only some models (gpu_memory): on an idle GPU that
         holds the model if there is one, else LOADing it first. A model that refuses what it
         cannot finish in time keeps only the requests that the load leaves in time; the others go
-        back to the queue's head, or, where none is left, are refused with the reason."""
+        back to the queue's head, or, where none is left, wait for a busy GPU that holds the model
+        and frees in time for the first of them (False: nothing started, ``gpu`` left idle), and
+        else are refused with the reason."""
         memory = self.gpu_memory
         assert memory is not None
         holder = next((g for g in self._idle_gpus.values() if memory.holds(g.id, state.name)), None)
@@ -906,6 +909,14 @@ class DispatchCore:
                 state.queue.appendleft(request)
             requests = requests[:keep]
             if not requests:
+                head = state.queue[0]
+                finish_s = state.gpu_profile.latency_ms(head.rows) / 1000
+                if any(
+                    g.ready and memory.holds(g.id, state.name) and g.free_at(now) + finish_s <= head.deadline for g in self._gpus
+                ):
+                    # A GPU that holds the model is busy and frees in time: the requests wait for
+                    # it (refused here, "no GPU holds the model" was said of a model that one held).
+                    return False
                 refused = [state.queue.popleft()]
                 self._end(refused)
                 self.gpu_scheduler.on_refused(state.name, refused, now)
@@ -914,8 +925,9 @@ class DispatchCore:
                     f"holds the model, and loading it takes {load.load_ms:g} ms; refused before it ran"
                 )
                 actions.append(Fail(tuple(refused), 503, "refused_deadline", message))
-                return
+                return True
         self._start(gpu, state, requests, now, actions, load)
+        return True
 
     @staticmethod
     def _stacked_rows(requests: list[Request]) -> int:

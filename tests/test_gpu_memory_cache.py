@@ -191,3 +191,28 @@ def test_the_start_leaves_a_gpu_holding_nothing_the_core_does_not_count(tmp_path
         assert infer(gateway, "mlp", array).status_code == 200
         assert time.monotonic() - began >= 1.0  # the LOAD, waited for: the GPU did not hold the model
         assert gateway.admin("mlp")["max_batch_size"] == 4  # checked all the same, and batched
+
+
+def test_a_request_the_busy_gpu_holding_its_model_can_finish_in_time_waits_for_it():
+    """Refused 503 "no GPU holds the model" by the idle GPU that would have had to LOAD it, while
+    the GPU that held it was busy and would have finished it in time."""
+    cache = memory()
+    cache.add_gpu("gpu-1")
+    core = DispatchCore(
+        cpu_scheduler=RandomRoundRobin(random.Random(1)), gpu_scheduler=GpuScheduler("work_conserving"), gpu_memory=cache
+    )
+    for gpu in ("gpu-0", "gpu-1"):
+        core.add_executor(gpu, GPU)
+    core.add_model("a", sla_ms=1000.0, max_batch=1, max_queue_size=10, drop_late=True, gpu_profile=LatencyProfile(1.0, 5.0))
+    for gpu in ("gpu-0", "gpu-1"):
+        core.set_executor_ready(gpu, True, 0.0)
+    (first,) = [a for a in core.on_arrival(Request(1, "a", 0.0), 0.0) if isinstance(a, Start)]
+    core.on_batch_done(first.batch, 6.0, first.batch.expected_end)  # its GPU holds a now (LOAD 10 ms, l(1) 6 ms)
+    holder = first.batch.executor
+    (second,) = [a for a in core.on_arrival(Request(2, "a", 0.020), 0.020) if isinstance(a, Start)]
+    assert second.batch.executor == holder and second.batch.load is None  # busy until 26 ms
+    # Due by 33 ms: a LOAD on the idle GPU ends at 37 ms, the holder at 32 ms.
+    actions = core.on_arrival(Request(3, "a", 0.021, timeout_s=0.012), 0.021)
+    assert not [a for a in actions if isinstance(a, Fail)], actions
+    (third,) = [a for a in core.on_batch_done(second.batch, 6.0, 0.026) if isinstance(a, Start)]
+    assert third.batch.executor == holder and third.batch.load is None and [r.id for r in third.batch.requests] == [3]
