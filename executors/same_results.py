@@ -23,7 +23,9 @@ def why_not_same(name: str, alone: np.ndarray, other: np.ndarray, which: str, ho
         return f"output '{name}' of the {which} has shape {list(alone.shape)} alone, {list(other.shape)} {how}"
     if alone.dtype.kind in "fc":
         finite = np.isfinite(alone)
-        if not np.array_equal(finite, np.isfinite(other)) or not np.array_equal(alone[~finite], other[~finite]):
+        # NaN where NaN was is the same (np.array_equal's own NaN never equals itself: a model
+        # answering NaN anywhere looked as if its runs differed, and was never checked).
+        if not np.array_equal(finite, np.isfinite(other)) or not np.array_equal(alone[~finite], other[~finite], equal_nan=True):
             return f"output '{name}' of the {which} has other infinities or NaNs {how} than alone"
         values = alone[finite].astype(np.float64)
         error = float(np.linalg.norm(other[finite].astype(np.float64) - values))

@@ -29,7 +29,18 @@ def socket_folder(kind: str = "gateway", root: Path | None = None) -> Path:
         log.info("removed the socket folders of %d %s process(es) no longer running", removed, kind)
     # The pid alone, even in a PID namespace of its own: a Unix socket's path has room for 107
     # bytes, and the executors' ids (executors/names.py) take what the folder leaves.
-    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=root))
+    folder = Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=root))
+    namespace = pid_namespace()
+    if namespace != INITIAL_PID_NAMESPACE:
+        # Its pid is another namespace's: a gateway on the host would take it for one of its own
+        # that ended, and remove the folder of a gateway still running. A folder that holds more
+        # than sockets is never swept.
+        (folder / NAMESPACE_FILE).write_text(f"{namespace}\n")
+    return folder
+
+
+# The file that marks the socket folder of a process in a PID namespace of its own.
+NAMESPACE_FILE = "pid-namespace"
 
 
 def remove_ended(kind: str, root: Path) -> int:

@@ -152,11 +152,12 @@ def _parameter_value(parameter: service_pb2.InferParameter) -> Any:
 def rough_size(request: service_pb2.ModelInferRequest) -> int:
     """About how many bytes ``request``'s tensors take decoded, without converting them: whether
     it is converted off the event loop. A typed field of numbers is its length (known without
-    reading it) times 8; strings are their encoded size (protobuf's count, in C)."""
+    reading it) times 8; strings are their encoded size (protobuf's count, in C) and 8 more each
+    (their conversion's cost is by the string: 520,000 short ones held the loop 0.5 s)."""
     size = sum(len(blob) for blob in request.raw_input_contents)
     for tensor in request.inputs:
         if tensor.datatype == "BYTES":
-            size += tensor.contents.ByteSize()
+            size += tensor.contents.ByteSize() + 8 * len(tensor.contents.bytes_contents)
         elif (field := CONTENTS_FIELD.get(tensor.datatype)) is not None:
             size += 8 * len(getattr(tensor.contents, field))
     return size

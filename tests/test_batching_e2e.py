@@ -340,3 +340,15 @@ def test_rows_mixed_under_an_offset_or_through_a_small_table_are_not_batched(tmp
         [helper.make_tensor("table", TensorProto.INT64, [2, 3], [1, 2, 3, 10, 20, 30])],
     )
     assert not _batchable(save_model(graph, tmp_path / "table_max.onnx"))
+
+
+def test_an_output_with_nans_is_still_checked():
+    """NaN never equals itself: a model answering NaN anywhere seemed to differ from run to run,
+    and whether batching kept its results was never checked."""
+    from executors.same_results import why_not_same
+
+    alone = np.array([[1.0, np.nan], [np.inf, 2.0]], np.float32)
+    assert why_not_same("y", alone, alone.copy(), "first request", "again") is None
+    mixed = alone.copy()
+    mixed[0, 0] = 5.0
+    assert "not the same stacked" in why_not_same("y", alone, mixed, "first request", "stacked")

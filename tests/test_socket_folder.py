@@ -69,3 +69,18 @@ def test_a_gateway_without_memory_limits_removes_the_memory_groups_a_killed_one_
     assert left.is_dir()  # left behind by the crash
     with run_gateway(plain):
         assert not left.exists()  # removed at start
+
+
+def test_a_folder_made_in_a_pid_namespace_of_its_own_is_never_taken_for_an_ended_gateways(tmp_path, monkeypatch):
+    """Named by its pid in its own namespace (a container's), a running gateway's folder in a
+    /tmp shared with the host was removed by a host gateway that found no such pid of its own."""
+    import executors.sockets as sockets
+
+    monkeypatch.setattr(sockets, "pid_namespace", lambda: 4026532999)
+    made = sockets.socket_folder("gateway", root=tmp_path)
+    monkeypatch.undo()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(made / "cpu-mlp.sock"))
+    seen_from_the_host = made.rename(tmp_path / f"gateway-{ended_pid()}-n5s1")  # its pid: none of the host's
+    assert sockets.remove_ended("gateway", tmp_path) == 0
+    assert (seen_from_the_host / "cpu-mlp.sock").exists()
