@@ -818,8 +818,11 @@ class DispatchCore:
         assert self.gpu_scheduler is not None
         self._deferral_at = math.inf
         declined: set[str] = set()  # idle GPUs left for a busy one that holds the model
-        while idle := [g for g in self._idle_gpus.values() if g.id not in declined]:
-            gpu = idle[0]
+        while self._idle_gpus:
+            # The first idle GPU not declined (no list of them: this runs at every decision).
+            gpu = next((g for g in self._idle_gpus.values() if g.id not in declined), None)
+            if gpu is None:
+                return
             decision = self.gpu_scheduler.decide(now, gpu.id, now)
             if decision is None:
                 return
