@@ -30,7 +30,6 @@ import contextlib
 import io
 import itertools
 import logging
-import os
 import socket
 import sys
 import tarfile
@@ -41,12 +40,11 @@ from typing import Any
 import docker
 import docker.errors
 import docker.types
-import psutil
 import requests
 from docker.models.containers import Container
 
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor
-from executors.limits import CFS_PERIOD_US, cfs_bandwidth, quota_cores
+from executors.limits import CFS_PERIOD_US, cfs_bandwidth, gateway_ended, owner_tag, quota_cores
 from executors.names import safe_name
 
 log = logging.getLogger("executors")
@@ -72,7 +70,9 @@ class DockerUnavailable(ExecutorStartError):
 
 
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    # The pid with its PID namespace where the gateway has one of its own (executors/limits.py's
+    # owner_tag): two gateways, each pid 1 of a namespace, gave their containers one name.
+    return f"{socket.gethostname()}:{owner_tag()}"
 
 
 def minimal_root() -> bytes:
@@ -148,8 +148,11 @@ class DockerBackend:
         # its executors as another starts) is skipped, not a NotFound out of the whole start.
         listed = self.client.containers.list(all=True, filters={"label": OWNER_LABEL}, ignore_removed=True)
         for container in listed:
-            owner_host, _, owner_pid = container.labels.get(OWNER_LABEL, "").rpartition(":")
-            if owner_host != host or (owner_pid.isdigit() and psutil.pid_exists(int(owner_pid))):
+            owner_host, _, owner = container.labels.get(OWNER_LABEL, "").rpartition(":")
+            # Not where the owner's pid is another PID namespace's (gateway_ended): a gateway in a
+            # namespace of its own took a running host gateway's containers for an ended one's,
+            # and removed them.
+            if owner_host != host or not gateway_ended(owner):
                 continue
             log.warning("removing container %s of a gateway that is gone (%s)", container.name, container.labels[OWNER_LABEL])
             try:
@@ -262,7 +265,7 @@ class DockerExecutor(SupervisedExecutor):
         self._launches += 1
         options: dict[str, Any] = {
             "command": self._command(inside),
-            "name": f"sla-gw-{os.getpid()}-{safe_name(self.id)}-{self._instance}-{self._launches}",
+            "name": f"sla-gw-{owner_tag()}-{safe_name(self.id)}-{self._instance}-{self._launches}",
             "labels": {LABEL: self.id, OWNER_LABEL: self.docker.owner},
             "mounts": mounts,
             "network_mode": "host",

@@ -522,3 +522,28 @@ def test_two_models_of_one_file_are_each_mounted_in_a_self_contained_image(tmp_p
         assert all(mounted[str(p)] == str((example_models / "mlp.onnx").resolve()) for p in inside.values())
     finally:
         backend.close()
+
+
+def test_containers_of_another_pid_namespaces_gateway_are_left_alone(docker_backend, client, monkeypatch):
+    """A gateway in a PID namespace of its own (pid 1 of a pod, or of `unshare --pid`) took a
+    running host gateway's containers for an ended one's (their owner's pid was out of its
+    sight) and removed them; nor may a host gateway judge a namespaced one's by its pid."""
+    import executors.limits
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    host = socket.gethostname()
+    owners = [f"{host}:{gone.stdout.strip()}", f"{host}:{gone.stdout.strip()}-ns12345"]
+    made = [
+        client.containers.create(docker_backend.image, command=["true"], labels={LABEL: "test", OWNER_LABEL: owner})
+        for owner in owners
+    ]
+    try:
+        assert docker_backend.remove_leftovers() == [made[0].name]  # from the host: its own ended gateway's only
+        made[0] = client.containers.create(docker_backend.image, command=["true"], labels={LABEL: "test", OWNER_LABEL: owners[0]})
+        monkeypatch.setattr(executors.limits, "pid_namespace", lambda: 4026532999)
+        assert docker_backend.remove_leftovers() == []  # from a namespace of its own: none
+    finally:
+        monkeypatch.undo()
+        for container in made:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
