@@ -46,6 +46,7 @@ from docker.models.containers import Container
 from executors.lifecycle import ExecutorStartError, SupervisedExecutor
 from executors.limits import CFS_PERIOD_US, cfs_bandwidth, gateway_ended, owner_tag, quota_cores
 from executors.names import safe_name
+from executors.process import LONGEST_LINE_BYTES
 
 log = logging.getLogger("executors")
 # How long an exited container's output may take to reach the gateway before it says how it ended.
@@ -67,6 +68,13 @@ IMAGE_SOCKET_DIR = "/run/gateway"
 
 class DockerUnavailable(ExecutorStartError):
     """The Docker daemon cannot be reached, or cannot run what the config asks for."""
+
+
+def _said(raw: bytes) -> str:
+    """A line a container printed, as the log takes it: cut as a process executor's is
+    (executors/process.py), where ONNX Runtime's words on a client's input ran to 80 kB."""
+    text = raw[:LONGEST_LINE_BYTES].decode(errors="replace").rstrip()
+    return text if len(raw) <= LONGEST_LINE_BYTES else f"{text} ... (cut: the line goes on past {len(raw)} bytes)"
 
 
 def _owner() -> str:
@@ -335,9 +343,9 @@ class DockerExecutor(SupervisedExecutor):
             for chunk in container.logs(stream=True, follow=True):
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    loop.call_soon_threadsafe(self._output_line, line.decode(errors="replace").rstrip())
+                    loop.call_soon_threadsafe(self._output_line, _said(line))
             if pending:
-                loop.call_soon_threadsafe(self._output_line, pending.decode(errors="replace").rstrip())
+                loop.call_soon_threadsafe(self._output_line, _said(pending))
         except RuntimeError:  # the event loop closed first: the gateway is gone
             pass
         except Exception as error:  # the container or the daemon went away: its output ends with it

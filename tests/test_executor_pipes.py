@@ -105,3 +105,13 @@ async def test_a_connection_left_by_an_earlier_launch_is_not_taken_for_the_next(
     finally:
         await executor.stop()
         theirs.close()
+
+
+def test_a_containers_long_line_is_cut_as_a_process_executors_is():
+    """A Docker executor's relay logged ONNX Runtime's 80 kB words on a client's input whole,
+    twelve requests making a megabyte of log, where a process executor's cuts them."""
+    from executors.container import _said
+
+    assert _said(b"short line\n") == "short line"
+    long = _said(b"x" * 80_000)
+    assert long.startswith("x" * LONGEST_LINE_BYTES + " ... (cut: the line goes on past 80000 bytes)")
