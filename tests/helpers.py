@@ -197,10 +197,10 @@ def rowsum_model(path: Path) -> Path:
     return save_model(graph, path)
 
 
-def table_model(path: Path) -> Path:
-    """idx[N] -> rows[N,3] of a 10-row table of its own: a true batch dimension, and an index past
-    9 an input the model refuses (one request's bad input)."""
-    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 3], [float(v) for v in range(30)])
+def table_model(path: Path, rows: int = 10) -> Path:
+    """idx[N] -> rows[N,3] of a table of its own of ``rows`` rows: a true batch dimension, and an
+    index past the last row an input the model refuses (one request's bad input)."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [rows, 3], [float(v) for v in range(3 * rows)])
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
         "table",

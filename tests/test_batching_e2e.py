@@ -135,16 +135,8 @@ def mixing_model(path, node, element, kind: str):
 def test_the_simulator_batches_what_serve_batches(tmp_path):
     assert _batchable(rowsum_model(tmp_path / "rowsum.onnx"))
     assert _batchable(table_model(tmp_path / "table.onnx"))
-    # A table of two rows refuses the second round's 2 and 3: the first round's word stands.
-    two_rows = helper.make_tensor("table", TensorProto.FLOAT, [2, 3], [float(v) for v in range(6)])
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
-        "small_table",
-        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
-        [two_rows],
-    )
-    assert _batchable(save_model(graph, tmp_path / "small_table.onnx"))
+    # A table of two rows: the second round's indices (0 and 0) reach it too, and its rows are each request's own.
+    assert _batchable(table_model(tmp_path / "small_table.onnx", rows=2))
     assert not _batchable(fixed_shape_model(tmp_path / "fixed.onnx"))
     assert not _batchable(transpose_model(tmp_path / "transpose.onnx"))
     assert not _batchable(two_lengths_model(tmp_path / "lookup.onnx"))
@@ -299,16 +291,8 @@ async def test_integers_reduced_over_the_rows_are_not_batched(tmp_path, op, data
     signature, _ = session_runner(path)
     assert "not the same stacked as alone" in await why_stacking_changes_results_here("rows", path, signature, 10.0)
     assert _batchable(table_model(tmp_path / "table.onnx"))
-    # A table of two rows refuses the second round's 2 and 3: the first round's word stands.
-    two_rows = helper.make_tensor("table", TensorProto.FLOAT, [2, 3], [float(v) for v in range(6)])
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)],
-        "small_table",
-        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 3])],
-        [two_rows],
-    )
-    assert _batchable(save_model(graph, tmp_path / "small_table.onnx"))
+    # A table of two rows: the second round's indices (0 and 0) reach it too, and its rows are each request's own.
+    assert _batchable(table_model(tmp_path / "small_table.onnx", rows=2))
 
 
 def test_rows_mixed_under_an_offset_or_through_a_small_table_are_not_batched(tmp_path):
