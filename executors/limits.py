@@ -89,8 +89,8 @@ def pid_namespace() -> int:
 
 
 def owner_tag() -> str:
-    """What names this process in the folder of its groups: its pid, or in a PID namespace of
-    its own (a container) ``<pid>-ns<inode>``. Every pod of a
+    """What names this process in the folder of its groups and in its containers' names: its
+    pid, or in a PID namespace of its own (a container) ``<pid>-ns<inode>``. Every pod of a
     DaemonSet runs the gateway as pid 1: two worker pods on one node of cgroup v1, which see the
     node's hierarchy, shared each model's group, one's quota the other's."""
     namespace = pid_namespace()

@@ -132,26 +132,29 @@ async def why_stacking_changes_results(
     return await _checked(model, run, signature)
 
 
+def _session_here(path: Path) -> Any:
+    """The model at ``path`` in this process, on ONNX Runtime's CPU provider."""
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
 def file_signature(path: Path) -> dict[str, Any]:
     """The inputs and outputs of the model at ``path`` as its executor's hello says them, read by
     ONNX Runtime in this process."""
-    import onnxruntime
-
     from executors.tensors import describe
 
-    return describe(onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+    return describe(_session_here(path))
 
 
 def session_runner(path: Path) -> tuple[ModelSignature, Callable[[dict[str, np.ndarray]], Outputs]]:
     """The model's signature, and the model run in this process by ONNX Runtime on the CPU: for a
     model that only GPUs serve, whose executors hold models as the dispatch core counts them (a
     run there would load it behind the core's back, past a GPU's memory_mb), and for the simulator."""
-    import onnxruntime
-
     from executors.tensors import describe
     from executors.worker import as_onnx_feed
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = _session_here(path)
     names = [output.name for output in session.get_outputs()]
 
     def run(inputs: dict[str, np.ndarray]) -> Outputs:
