@@ -1,7 +1,7 @@
 """A short `gateway serve` run on a real GPU (ONNX Runtime's CUDA provider) beside CPU executors.
 
     python benchmarks/gpu_serve.py [--rate 400] [--seconds 10] [--no-warmup] [--cudnn-conv-algo-search exhaustive]
-                                   [--batch-shapes fixed] [--binary] [--against-stub] [--gc-log]
+                                   [--batch-shapes fixed] [--binary] [--against-stub] [--gc-log | --request-log]
 
 Two models of the example zoo (mlp, cnn_small), one CPU executor each (1 core) and one GPU
 executor holding both, the default GPU policy, Poisson arrivals split evenly, batch-1 JSON.
@@ -18,7 +18,12 @@ and the client's, the machine's own during the load (benchmarks/stall_probe.py: 
 process's wake-ups over 5 ms late, and the most steal time of a second) and the client's (its
 event loop's sleeps over 5 ms late, its collections of over 5 ms). ``--gc-log`` runs the gateway
 in benchmarks/gc_pauses.py's child and prints its garbage collections of over 5 ms during the
-load. Needs an NVIDIA GPU and onnxruntime-gpu; it says so and exits 2 without them.
+load. ``--request-log`` runs the gateway with its request log (``--log-format json``) and prints,
+per half second of the gateway's own clock, its requests over their SLA and the longest of their
+times in the queue, on the executor and in the gateway as a whole: a late burst that the gateway
+timed short was late before the gateway read it (the HTTP layer, the client), one it timed long
+waited in its queue or ran long on its executor. Needs an NVIDIA GPU and onnxruntime-gpu; it says
+so and exits 2 without them.
 
 ``--against-stub`` runs the same client against a stub that answers every request at once,
 instead of the gateway: the client's own share of the response times, on the same machine.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import gc
 import json
 import random
@@ -215,6 +221,25 @@ def timeline(results: dict[str, list[Row]], sla_ms: dict[str, float], step_s: fl
     return " ".join(f"{i * step_s:g}s:{late[i]}/{slowest[i]:.0f}" for i in sorted(slowest))
 
 
+def gateway_timeline(log_text: str, began_wall: float, sla_ms: dict[str, float], step_s: float = TIMELINE_STEP_S) -> str:
+    """Per ``step_s`` of the gateway's request log (by when each request ended), the requests, those
+    the gateway timed over their SLA, and the longest queue, executor and total times among them."""
+    steps: dict[int, list[float]] = {}
+    for line in log_text.splitlines():
+        if '"infer request"' not in line:
+            continue
+        record = orjson.loads(line)
+        total, queue, compute = record.get("total_ms"), record.get("queue_ms"), record.get("compute_ms")
+        if total is None:
+            continue
+        ended = datetime.datetime.fromisoformat(record["time"]).timestamp() - began_wall
+        step = steps.setdefault(int(ended // step_s), [0, 0, 0.0, 0.0, 0.0])
+        step[0] += 1
+        step[1] += total > sla_ms[record["model"]]
+        step[2], step[3], step[4] = max(step[2], queue or 0.0), max(step[3], compute or 0.0), max(step[4], total)
+    return " ".join(f"{i * step_s:g}s:{n}/{late}/{q:.0f}/{c:.0f}/{t:.0f}" for i, (n, late, q, c, t) in sorted(steps.items()))
+
+
 def print_results(results: dict[str, list[Row]], sla_ms: dict[str, float]) -> None:
     for name, rows in results.items():
         text, late = summary(rows, sla_ms[name])
@@ -248,7 +273,10 @@ def main() -> int:
     parser.add_argument("--batch-shapes", choices=["fixed", "exact"], default="fixed")
     parser.add_argument("--binary", action="store_true", help="send tensors as raw bytes (binary tensor extension)")
     parser.add_argument("--against-stub", action="store_true", help="the client alone, against a stub")
-    parser.add_argument("--gc-log", action="store_true", help="print the gateway's garbage collections of over 5 ms")
+    # The gateway runs in gc_pauses.py's child with --gc-log, which serves with the text log.
+    logs = parser.add_mutually_exclusive_group()
+    logs.add_argument("--gc-log", action="store_true", help="print the gateway's garbage collections of over 5 ms")
+    logs.add_argument("--request-log", action="store_true", help="print the gateway's own times of its late requests")
     parser.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_stub:
@@ -297,7 +325,7 @@ cpu = {{ cores = 1.0, threads = 1 }}
     serve = (
         [str(ROOT / "benchmarks" / "gc_pauses.py"), "--child", config, str(gc_report)]
         if args.gc_log
-        else ["-m", "gateway.cli", "serve", config]
+        else ["-m", "gateway.cli", "serve", config, *(["--log-format", "json"] if args.request_log else [])]
     )
     process = subprocess.Popen(
         [sys.executable, *serve],
@@ -322,6 +350,7 @@ cpu = {{ cores = 1.0, threads = 1 }}
         gateway = psutil.Process(process.pid)  # the gateway's own process: its executors are others
         cpu_before = sum(gateway.cpu_times()[:2])
         load_began = time.monotonic() + 0.1  # drive's first request is due 0.1 s in
+        load_began_wall = time.time() + (load_began - time.monotonic())  # the request log's clock
         with probing() as stalls:
             results, client = run_client(base, args.rate, args.seconds, args.binary, load_began)
         gateway_cpu_s = sum(gateway.cpu_times()[:2]) - cpu_before
@@ -356,6 +385,9 @@ cpu = {{ cores = 1.0, threads = 1 }}
             f"most steal time in a second {most_steal:.0f} ms"
         )
         print(client)
+        if args.request_log:
+            print(f"gateway's own times per {TIMELINE_STEP_S:g} s (requests, over SLA, longest queue / executor / total ms):")
+            print(" ", gateway_timeline((folder / "gateway.log").read_text(), load_began_wall, SLA_MS))
         warnings = [line for line in (folder / "gateway.log").read_text().splitlines() if "WARNING" in line or "ERROR" in line]
         print(f"gateway log: {len(warnings)} warning or error lines", *warnings[:8], sep="\n  ")
         answered = sum(len(rows) for rows in results.values())
