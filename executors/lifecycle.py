@@ -115,6 +115,9 @@ class SupervisedExecutor(abc.ABC):
         self._stopping = False
         # The cores of the last quota carried out, and the cores it really enforces.
         self._enforced: tuple[float, float] | None = None
+        # Whether a process of this run was launched and is under the actuator: cores set from
+        # then on reach it at once, before its hello as after it.
+        self._launched = False
         self._process: psutil.Process | None = None
 
     # -- what a backend provides ------------------------------------------------------------
@@ -144,11 +147,13 @@ class SupervisedExecutor(abc.ABC):
 
     def _attach(self) -> None:
         if self.actuator is not None and self.pid is not None:
+            # The quota first: a new group has none (-1), and a process moved in before it is
+            # written ran for that moment on every core of the node.
+            self._actuate()
             try:
                 self.actuator.attach(self.id, self.pid)
             except OSError as error:
                 log.error("executor %s: could not attach pid %s to %s: %s", self.id, self.pid, self.actuator.name, error)
-            self._actuate()
 
     def worker_arguments(self, connect: str, model_paths: dict[str, Path] | None = None) -> list[str]:
         """The worker's command line; ``model_paths`` where the worker sees the models, if elsewhere."""
@@ -237,7 +242,10 @@ class SupervisedExecutor(abc.ABC):
     def set_cores(self, cores: float) -> None:
         """Resize the running executor (no restart); a restarted one gets the same cores."""
         self.cores = cores
-        if self.state == "ready":
+        # A process starting (launched, no hello yet) runs under its group's quota too: left at
+        # the last run's cores, it kept 1.5 cores while the control loop gave them to another
+        # model (3.4 cores of quota on a node of 2, and 0.1 counted as enforced).
+        if self._launched:
             self._actuate()
 
     def _actuate(self) -> None:
@@ -260,6 +268,7 @@ class SupervisedExecutor(abc.ABC):
 
     async def stop(self) -> None:
         self._stopping = True
+        self._launched = False  # its group is removed below: no quota written to it again
         if self._connection is not None:
             await self._connection.close()
         if self._task is not None:
@@ -358,6 +367,9 @@ class SupervisedExecutor(abc.ABC):
             self._close_stale_connections()
             try:
                 handle = self._handle = await self._launch()
+                self._launched = True
+                if self._enforced is None or self._enforced[0] != self.cores:
+                    self._actuate()  # cores changed while it was launched
             except Exception as error:  # the backend could not even start it (no image, no runtime, ...)
                 if not first_start.done():
                     self._set_state("failed")
@@ -374,6 +386,7 @@ class SupervisedExecutor(abc.ABC):
             done = await self._until_hello_or_quiet(exited, accepted)
             if accepted not in done:
                 accepted.cancel()
+                self._launched = False
                 how = exited.result() if exited in done else f"no hello and no output for {START_TIMEOUT_S:.0f} s"
                 await self._end_run(handle)
                 message = f"executor {self.id} failed to start: {how}\n" + "\n".join(self.output_tail)
@@ -396,6 +409,7 @@ class SupervisedExecutor(abc.ABC):
                 if not first_start.done():
                     first_start.set_result(None)
                 await asyncio.wait({exited, connection.closed}, return_when=asyncio.FIRST_COMPLETED)
+                self._launched = False
                 # Fail what was in flight now, not when the process has been reaped.
                 connection.fail_all(f"executor {self.id} (pid {self.pid}) stopped while running the batch")
                 self._connection = None

@@ -294,7 +294,10 @@ class Actuator(Protocol):
 
     name: str
 
-    def attach(self, executor_id: str, pid: int) -> None: ...
+    def attach(self, executor_id: str, pid: int) -> None:
+        """Put ``pid`` under the limit that ``apply`` set for the executor before."""
+        ...
+
     def detach(self, executor_id: str) -> None:
         """Forget a stopped executor (its process gone): its group is removed."""
         ...
@@ -347,7 +350,12 @@ class AffinityActuator:
         self._pinned: dict[str, list[int]] = {}  # executor -> the CPUs it was given
 
     def attach(self, executor_id: str, pid: int) -> None:
+        """Pin ``pid`` to the CPUs its executor was given (``apply`` comes first, as a quota is
+        written before a process joins its group)."""
         self._pids[executor_id] = pid
+        if (cpus := self._pinned.get(executor_id)) is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).cpu_affinity(cpus)
 
     def detach(self, executor_id: str) -> None:
         self._pids.pop(executor_id, None)
