@@ -206,6 +206,7 @@ class ControlLoop:
         controller = self._controller(model)
         self.supervisor.replace(model.name, controller, model.cpu.cores, self.clock(), min_cores=floor_cores(controller, model))
         self.supervisor.deficits[model.name] = 0.0
+        self._split_again()
         self._apply(self.supervisor.grant())
 
     def remove_model(self, name: str) -> None:
@@ -215,7 +216,20 @@ class ControlLoop:
         self.supervisor.remove(name)
         for table in (self.pinned, self._granted, self._reacted):
             table.pop(name, None)
+        self._split_again()
         self._apply(self.supervisor.grant())
+
+    def _split_again(self) -> None:
+        """Under ``max`` (RR+max: the node split evenly), each model's share for the models served
+        now. Its controllers were built for the models served at start: after an unload a third
+        of the node went to no one, after a load the new model got less than the others."""
+        if self.config.control.policy != "max":
+            return
+        now = self.clock()
+        for name, model in self.models.items():
+            if self.pinned.get(name) is None:  # an operator's pin stays
+                controller = self._controller(model)
+                self.supervisor.replace(name, controller, controller.cores, now, min_cores=floor_cores(controller, model))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

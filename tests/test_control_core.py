@@ -300,6 +300,28 @@ def test_grants_applied_one_by_one_never_add_up_past_the_node():
     assert most <= 2.0 + 1e-9, most
 
 
+def test_rr_max_splits_the_node_evenly_among_the_models_served_after_loads_and_unloads():
+    """``max`` (ROMA's RR+max) gives each model the node split evenly. Its shares were fixed for the
+    models of the start: after an unload of one of three, the two left held 0.67 core each and
+    0.67 went to no one; after a load the new model had less than the others."""
+    config = gateway_config(*(model(name, cores=0.5) for name in ("a", "b", "c")), policy="max")
+    io = Recorder()
+    loop = ControlLoop(config, measure=dict, set_cores=io.set_cores, clock=lambda: 0.0)
+    assert loop.initial_cores == pytest.approx({"a": 2 / 3, "b": 2 / 3, "c": 2 / 3})
+    loop.remove_model("c")
+    del config.models["c"]
+    assert {name: io.cores[name] for name in "ab"} == pytest.approx({"a": 1.0, "b": 1.0})
+    for name in ("d", "e"):
+        aside = loop.set_aside(0.5, min_cores=0.1)
+        config.models[name] = model(name, cores=0.5)
+        loop.add_model(config.models[name], set_aside=aside)
+    assert {name: io.cores[name] for name in "abde"} == pytest.approx(dict.fromkeys("abde", 0.5))
+    loop.pin("a", 0.2)  # an operator's pin stays when the others are split again
+    loop.remove_model("e")
+    del config.models["e"]
+    assert {name: io.cores[name] for name in "abd"} == pytest.approx({"a": 0.2, "b": 2 / 3, "d": 2 / 3})
+
+
 def test_control_loop_says_when_the_minimums_do_not_fit(caplog):
     config = gateway_config(model("a", cores=1.5, min_cores=1.5), model("b", cores=1.5, min_cores=1.5), policy="min")
     with caplog.at_level(logging.WARNING, logger="gateway"):
