@@ -827,14 +827,16 @@ def ensemble_steps(table: PipelineTable) -> list[dict[str, Any]]:
     for step in table.steps:
         if step.model is None:
             continue
-        inputs = {name: _ensemble_tensor(source) for name, source in step.inputs.items()}
+        inputs = {name: _ensemble_tensor(source, named) for name, source in step.inputs.items()}
         read = {tensor for source, _, tensor in read_from if source == step.name}
         outputs = {name: named.get(f"{step.name}/{name}", f"{step.name}/{name}") for name in sorted(read)}
         steps.append({"model_name": step.model, "model_version": -1, "input_map": inputs, "output_map": outputs})
     return steps
 
 
-def _ensemble_tensor(source: str) -> str:
-    """The ensemble's name of a step's input: the pipeline's input by its own name, a step's tensor as "STEP/NAME"."""
+def _ensemble_tensor(source: str, named: dict[str, str]) -> str:
+    """The ensemble's name of a step's input: the pipeline's input by its own name, a step's tensor
+    as "STEP/NAME", or as the pipeline's output it also is (``named``: what its step's
+    ``output_map`` calls it; as "STEP/NAME", the input read a tensor that no step gave)."""
     step, _, tensor = source.partition("/")
-    return tensor if step == PIPELINE_INPUT else source
+    return tensor if step == PIPELINE_INPUT else named.get(source, source)

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 from gateway.config import ConfigError, load_config
 from gateway.config.schema import PipelineTable
 from gateway.pipeline.graph import PipelineError, PipelineGraph
+from gateway.server import ensemble_steps
 from tests.helpers import save_model
 
 MODELS = {"det": ["prob"], "cls": ["angle"], "rec": ["chars"], "emb": ["vector"]}
@@ -201,3 +202,20 @@ def test_edges_whose_types_can_never_agree_are_config_errors(tmp_models):
         path.write_text(good.replace(before, after, 1))
         with pytest.raises(ConfigError, match=words):
             load_config(path)
+
+
+def test_a_steps_tensor_that_is_also_a_pipeline_output_is_one_tensor_of_the_ensemble():
+    """Triton's ensemble graph (a pipeline's config, for perf_analyzer and the like): a step's
+    output that is also a pipeline's output is named as that output in its step's output_map;
+    the step reading it named it "a/prob", a tensor no step of the ensemble gave."""
+    outputs = [
+        {"name": "prob", "datatype": "FP32", "shape": [-1], "source": "a/prob"},
+        {"name": "out", "datatype": "FP32", "shape": [-1], "source": "b/angle"},
+    ]
+    steps = ensemble_steps(table([model_step("a", "det", "request/image"), model_step("b", "cls", "a/prob")], outputs))
+    assert steps == [
+        {"model_name": "det", "model_version": -1, "input_map": {"x": "image"}, "output_map": {"prob": "prob"}},
+        {"model_name": "cls", "model_version": -1, "input_map": {"x": "prob"}, "output_map": {"angle": "out"}},
+    ]
+    given = {tensor for step in steps for tensor in step["output_map"].values()} | {"image"}
+    assert all(tensor in given for step in steps for tensor in step["input_map"].values())
