@@ -345,15 +345,18 @@ def _batch_rows(shapes: dict[str, list[int]], signature: ModelSignature, max_bat
 
 
 def _requested_outputs(items: Any, signature: ModelSignature, binary_default: bool) -> list[RequestedOutput]:
-    if items is None:
+    # None asked for is every output, as Triton reads an empty list too: it answered no tensor.
+    if items is None or items == []:
         return [RequestedOutput(t.name, binary_default) for t in signature.outputs]
     if not isinstance(items, list):
         raise InvalidRequest("'outputs' must be a list")
-    requested = []
+    requested: list[RequestedOutput] = []
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidRequest("each requested output must be an object with a 'name'")
         name = item["name"]
+        if any(output.name == name for output in requested):  # as Triton: answered twice, it had two of one name
+            raise InvalidRequest(f"output '{name}' is requested more than once")
         if signature.output(name) is None:
             known = ", ".join(t.name for t in signature.outputs)
             raise InvalidRequest(f"unknown output '{name}'; the model's outputs are: {known}")

@@ -38,6 +38,12 @@ CASES = {
     "no data": (json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32"}]}).encode(), 400, "neither 'data'"),
     "batch over max_batch_size": (json.dumps(_tensor(shape=[33, 512], data=[0.0] * 33 * 512)).encode(), 400, "max_batch_size"),
     "unknown output": (json.dumps({**GOOD, "outputs": [{"name": "nope"}]}).encode(), 400, "unknown output 'nope'"),
+    # As Triton refuses it: answered, the response held the tensor twice.
+    "output asked for twice": (
+        json.dumps({**GOOD, "outputs": [{"name": "y"}, {"name": "y"}]}).encode(),
+        400,
+        "output 'y' is requested more than once",
+    ),
     "negative dimension": (json.dumps(_tensor(shape=[-1, 512])).encode(), 400, "non-negative"),
 }
 
@@ -67,6 +73,13 @@ def test_bad_infer_body_is_a_clear_400(gateway, case):
     assert response.status_code == status, response.text
     assert words in response.json()["error"]
     _still_serving(gateway)
+
+
+def test_an_empty_list_of_outputs_asks_for_every_output(gateway):
+    """As Triton reads it (and as the gRPC path read an empty repeated field): it answered none."""
+    response = requests.post(f"{gateway.base}/v2/models/mlp/infer", json={**GOOD, "outputs": []}, timeout=10)
+    assert response.status_code == 200, response.text
+    assert [output["name"] for output in response.json()["outputs"]] == ["y"]
 
 
 def test_unknown_model_is_404(gateway):
