@@ -172,6 +172,13 @@ class BodyTooLargeAnnounced(InvalidRequest):
         super().__init__(f"Maximum request body size {limit} exceeded, actual body size {announced}", 413)
 
 
+def _all_lines(request: web.Request, name: str) -> str | None:
+    """A list header's value over all its lines, as one (RFC 9110 5.3: two lines of it are one
+    line with a comma between): its first line alone took a body gzipped twice for once."""
+    lines = request.headers.getall(name, [])
+    return ", ".join(lines) if lines else None
+
+
 def _check_transfer_coding(transfer_encoding: str | None) -> None:
     """Only the chunked transfer coding is served: aiohttp's parser took ``gzip, chunked`` as
     chunked and handed the gzip bytes on as the body. RFC 9112 6.1: a transfer coding the server
@@ -200,8 +207,8 @@ async def _read_body(request: web.Request, timeout_s: float, inflating: Executor
         # Refused before a byte is read: answered and closed (BodyTooLargeAnnounced), so that a
         # client waiting for 100 Continue, or still sending, is not read from for nothing.
         raise BodyTooLargeAnnounced(limit, request.content_length)
-    _check_transfer_coding(request.headers.get(hdrs.TRANSFER_ENCODING))
-    content_encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+    _check_transfer_coding(_all_lines(request, hdrs.TRANSFER_ENCODING))
+    content_encoding = _all_lines(request, hdrs.CONTENT_ENCODING)
     try:
         codings = codings_of(content_encoding) if content_encoding else []
     except UnsupportedCoding as error:
