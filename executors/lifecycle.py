@@ -117,7 +117,7 @@ class SupervisedExecutor(abc.ABC):
         self._enforced: tuple[float, float] | None = None
         # Whether a process of this run was launched and is under the actuator: cores set from
         # then on reach it at once, before its hello as after it.
-        self._launched = False
+        self._contained = False
         self._process: psutil.Process | None = None
 
     # -- what a backend provides ------------------------------------------------------------
@@ -245,7 +245,7 @@ class SupervisedExecutor(abc.ABC):
         # A process starting (launched, no hello yet) runs under its group's quota too: left at
         # the last run's cores, it kept 1.5 cores while the control loop gave them to another
         # model (3.4 cores of quota on a node of 2, and 0.1 counted as enforced).
-        if self._launched:
+        if self._contained:
             self._actuate()
 
     def _actuate(self) -> None:
@@ -268,7 +268,7 @@ class SupervisedExecutor(abc.ABC):
 
     async def stop(self) -> None:
         self._stopping = True
-        self._launched = False  # its group is removed below: no quota written to it again
+        self._contained = False  # its group is removed below: no quota written to it again
         if self._connection is not None:
             await self._connection.close()
         if self._task is not None:
@@ -367,7 +367,7 @@ class SupervisedExecutor(abc.ABC):
             self._close_stale_connections()
             try:
                 handle = self._handle = await self._launch()
-                self._launched = True
+                self._contained = True
                 if self._enforced is None or self._enforced[0] != self.cores:
                     self._actuate()  # cores changed while it was launched
             except Exception as error:  # the backend could not even start it (no image, no runtime, ...)
@@ -386,7 +386,7 @@ class SupervisedExecutor(abc.ABC):
             done = await self._until_hello_or_quiet(exited, accepted)
             if accepted not in done:
                 accepted.cancel()
-                self._launched = False
+                self._contained = False
                 how = exited.result() if exited in done else f"no hello and no output for {START_TIMEOUT_S:.0f} s"
                 await self._end_run(handle)
                 message = f"executor {self.id} failed to start: {how}\n" + "\n".join(self.output_tail)
@@ -409,7 +409,7 @@ class SupervisedExecutor(abc.ABC):
                 if not first_start.done():
                     first_start.set_result(None)
                 await asyncio.wait({exited, connection.closed}, return_when=asyncio.FIRST_COMPLETED)
-                self._launched = False
+                self._contained = False
                 # Fail what was in flight now, not when the process has been reaped.
                 connection.fail_all(f"executor {self.id} (pid {self.pid}) stopped while running the batch")
                 self._connection = None
