@@ -157,6 +157,42 @@ def test_bench_keeps_its_results_when_the_gateway_dies(tmp_path):
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_report_that_cannot_be_saved_loses_none_of_the_results(tmp_path, monkeypatch, capsys):
+    """The JSON was written after the PNG: a report that failed to save (a folder of its name)
+    lost the results of the whole run to a traceback."""
+    from gateway.tools import bench_report
+
+    def unsaved(path, *_):
+        raise IsADirectoryError(21, "Is a directory", str(path))
+
+    monkeypatch.setattr(bench_report, "write_report", unsaved)
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(tmp_path / "stand_in.py"), str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                requests.get(f"http://127.0.0.1:{port}/v2/models/m", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        parser = argparse.ArgumentParser()
+        bench.add_arguments(parser)
+        out = tmp_path / "result.json"
+        args = parser.parse_args([f"http://127.0.0.1:{port}", "--model", "m", "--rate", "20", "--duration", "0.5"])
+        args.quiet, args.output = True, str(out)
+        assert bench.run(args) == 1
+    finally:
+        server.kill()
+        server.wait()
+    result = json.loads(out.read_text())
+    assert result["requests"] > 0 and result["succeeded"] == result["requests"]
+    said = capsys.readouterr()
+    assert f"{result['succeeded']}/{result['requests']} ok" in said.out
+    assert said.err.startswith(f"gateway bench: the report {out.with_suffix('.png')} was not written: ")
+
+
 @pytest.mark.parametrize("load", [["--rate", "20", "--duration", "0.5"], ["--concurrency", "2", "--duration", "0.5"]])
 async def test_a_request_past_the_client_timeout_is_counted_an_error(load, monkeypatch):
     """A server that never answers infer: each request ends at bench's own timeout, counted as a
@@ -184,9 +220,10 @@ async def test_a_request_past_the_client_timeout_is_counted_an_error(load, monke
     async with stand_in(app) as base:
         args = parser.parse_args([base, "--model", "m", "--quiet", *load])
         try:
-            result = await bench._run(args)
+            result, report = await bench._run(args)
         finally:
             released.set()
+    assert report is None  # no --output
     assert result["requests"] > 0 and result["succeeded"] == 0
     assert result["statuses"] == {"TimeoutError": result["requests"]} and result["errors"] == result["requests"]
     assert result["sla_ms"] == 50  # the server answers all but infer

@@ -547,3 +547,13 @@ def test_containers_of_another_pid_namespaces_gateway_are_left_alone(docker_back
         for container in made:
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)
+
+
+def test_docker_image_names_a_tag_docker_refuses_in_one_line(client, capsys):
+    """Docker's 400 (invalid reference format) was a traceback."""
+    from gateway.cli import main
+
+    assert main(["docker-image", "--tag", "Bad Tag"]) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("gateway docker-image: --tag 'Bad Tag': ") and "invalid reference format" in said
+    assert not client.images.list(name="Bad Tag")

@@ -38,12 +38,21 @@ def _refused(argv: list[str], capsys) -> str:
             "argument --output: 'run.png' is the report's name: give the JSON's (run.json), the report goes beside it",
         ),
         # Each of these was a traceback, a hang or a run that did something else than asked.
-        (["simulate", "--zoo", ZOO, "--goodput", "--shapes", "nan"], "--shapes 'nan': expected finite numbers over 0"),
+        (["simulate", "--zoo", ZOO, "--goodput", "--shapes", "nan"], "--shapes 'nan': expected finite numbers of at least 0.01"),
         (["simulate", "--zoo", ZOO, "--goodput", "--shapes", "0.3,-1"], "--shapes '0.3,-1': expected finite numbers"),
         (["simulate", "--zoo", ZOO, "--goodput", "--tolerance", "1e-300"], "argument --tolerance: '1e-300' must be from 0.0001"),
         (["simulate", "--zoo", ZOO, "--rate", "10", "--dispatch-delay-ms", "inf"], "argument --dispatch-delay-ms: 'inf' must"),
         (["simulate", "--zoo", ZOO, "--rate", "10", "--dispatch-delay-ms", "-1"], "'-1' must be a finite number of at least 0"),
         (["simulate", "--zoo", ZOO, "--rate", "10", "--seed", "-1"], "argument --seed: '-1' must be at least 0"),
+        # Gaps of a Gamma shape so small all round to 0: the run never ended.
+        (["simulate", "--zoo", ZOO, "--rate", "10", "--shape", "1e-300"], "argument --shape: '1e-300' is under 0.01"),
+        (["simulate", "--zoo", ZOO, "--goodput", "--shapes", "0.3,1e-300"], "expected finite numbers of at least 0.01"),
+        # Every arrival drawn before the run: these took the machine's memory.
+        (["simulate", "--zoo", ZOO, "--rate", "1e300", "--duration", "1"], "ask for 1e+300 arrivals, more than the 5,000,000"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1e9"], "ask for 1e+10 arrivals, more than the 5,000,000"),
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--steps", "1:1,1e7:1"], "ask for 1e+07 arrivals"),
+        # Found out after the run, the results were lost with the report.
+        (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--output", "{folder}/run.json"], "run.png is a folder"),
         (["simulate", "--zoo", ZOO, "--rate", "10", "--output", "{folder}"], "is a folder; give a file's name"),
         (["simulate", "--zoo", ZOO, "--rate", "10", "--output", "/proc/x.json"], "/proc/x.json cannot be written"),
         (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--seed", "-1"], "argument --seed: '-1' must be"),
@@ -66,6 +75,7 @@ def _refused(argv: list[str], capsys) -> str:
 def test_a_wrong_argument_is_one_line_naming_it(argv, words, capsys, tmp_path):
     zoo = tmp_path / "zoo.csv"
     zoo.write_text("model,alpha_ms,beta_ms,slo_ms\nm,1,2,50\n")
+    (tmp_path / "run.png").mkdir()
     assert words in _refused([word.format(zoo=zoo, folder=tmp_path) for word in argv], capsys)
 
 
@@ -132,6 +142,14 @@ def test_arrivals_that_are_no_times_are_named(arrivals, words, tmp_path, tmp_mod
     argv = ["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", str(tmp_path / "arrivals.json")]
     said = _refused([*argv, "--cpu-profile", "m=0.5,1"], capsys)
     assert f"gateway simulate: {words}" in said
+
+
+def test_arrivals_nested_past_the_parsers_depth_are_no_arrivals(tmp_path, tmp_models, capsys):
+    """Their RecursionError was a traceback."""
+    (tmp_models / "good.toml").write_text("[models.m]\npath = 'mlp.onnx'\nsla_ms = 50\n")
+    (tmp_path / "arrivals.json").write_text("[" * 100_000 + "]" * 100_000)
+    argv = ["simulate", "--config", str(tmp_models / "good.toml"), "--arrivals", str(tmp_path / "arrivals.json")]
+    assert "arrivals.json is not JSON [[seconds, model], ...]" in _refused([*argv, "--cpu-profile", "m=0.5,1"], capsys)
 
 
 def test_simulate_options_that_the_chosen_mode_does_not_read_are_refused(tmp_path, tmp_models, capsys):

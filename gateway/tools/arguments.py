@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
 from pathlib import Path
+
+# The least Gamma shape of arrival gaps: under it the gaps are all but all zeros in floating
+# point, their mean held by gaps too rare ever to be drawn, and time stood still (a shape of
+# 1e-300 never ended). Symphony's are 0.1 to 1.
+MIN_GAMMA_SHAPE = 0.01
+# The most arrivals a run draws before it begins (each one kept for the run: 1e9 a second for
+# 10 s took the machine's memory before a request was sent or simulated).
+MAX_ARRIVALS = 5_000_000
 
 
 def _number(text: str) -> float:
@@ -32,6 +41,23 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number over 0")
     return value
+
+
+def gamma_shape(text: str) -> float:
+    """A Gamma shape of arrival gaps: a finite number of at least ``MIN_GAMMA_SHAPE``."""
+    value = positive_float(text)
+    if value < MIN_GAMMA_SHAPE:
+        raise argparse.ArgumentTypeError(f"{text!r} is under {MIN_GAMMA_SHAPE:g}, the least Gamma shape (its gaps round to 0)")
+    return value
+
+
+def refuse_too_many_arrivals(tool: str, steps: Iterable[tuple[float, float]]) -> None:
+    """A one-line error (exit 1) where (rate, seconds) steps ask for more than ``MAX_ARRIVALS``."""
+    expected = sum(rate * seconds for rate, seconds in steps)
+    if expected > MAX_ARRIVALS:
+        raise SystemExit(
+            f"gateway {tool}: the rates and seconds ask for {expected:.3g} arrivals, more than the {MAX_ARRIVALS:,} one run draws"
+        )
 
 
 def non_negative_float(text: str) -> float:
@@ -98,6 +124,7 @@ def json_output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} is the report's name: give the JSON's ({Path(text).with_suffix('.json')}), the report goes beside it"
         )
+    output_file(str(Path(text).with_suffix(".png")))  # the report's too: a folder of its name lost the run's results
     return output_file(text)
 
 

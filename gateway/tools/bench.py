@@ -15,6 +15,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,15 @@ import numpy as np
 from tqdm import tqdm
 
 from executors.tensors import KSERVE_TO_NUMPY
-from gateway.tools.arguments import json_output_file, positive_float, positive_int, rate_steps, seed, tensor_shape
+from gateway.tools.arguments import (
+    json_output_file,
+    positive_float,
+    positive_int,
+    rate_steps,
+    refuse_too_many_arrivals,
+    seed,
+    tensor_shape,
+)
 
 # Open-loop runs stop adding requests past this many outstanding, so a dead server cannot
 # make the generator eat all memory; such requests are counted as "dropped by client".
@@ -200,7 +209,8 @@ def summarize(outcome: Outcome, elapsed_s: float) -> dict[str, Any]:
     }
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
+async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    """The run's results, and what draws its report (with --output)."""
     base = args.url.rstrip("/")
     shapes = dict(args.shape)
     connector = aiohttp.TCPConnector(limit=0)
@@ -231,7 +241,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         result["sla_ms"] = await _sla_ms(session, base, args.model)
     result["mode"] = "closed" if args.concurrency else "open"
     result["model"] = args.model
-    if args.output:
+    if not args.output:
+        return result, None
+
+    def draw() -> None:
         from gateway.tools.bench_report import write_report
 
         schedule = ",".join(f"{rate:g}:{seconds:g}" for rate, seconds in args.steps or ())
@@ -246,7 +259,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             f"gateway bench {args.model}, {result['mode']} loop ({load}): {result['throughput_rps']} req/s, "
             f"p50 {latency['p50']} ms, p99 {latency['p99']} ms, {result['succeeded']}/{result['requests']} ok",
         )
-    return result
+
+    return result, draw
 
 
 async def _sla_ms(session: aiohttp.ClientSession, base: str, model: str) -> float | None:
@@ -264,7 +278,9 @@ async def _sla_ms(session: aiohttp.ClientSession, base: str, model: str) -> floa
 
 
 def run(args: argparse.Namespace) -> int:
-    result = asyncio.run(_run(args))
+    if not args.concurrency:
+        refuse_too_many_arrivals("bench", args.steps or [(args.rate, args.duration)])
+    result, draw = asyncio.run(_run(args))
     latency = result["latency_ms"]
     print(
         f"{result['model']}: {result['succeeded']}/{result['requests']} ok in {result['elapsed_s']} s, "
@@ -274,4 +290,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         with open(args.output, "w") as handle:
             json.dump(result, handle, indent=2)
+    if draw is not None:
+        # After the results are written: a report that cannot be drawn or saved loses nothing else.
+        try:
+            draw()
+        except (OSError, ValueError) as error:
+            print(f"gateway bench: the report {Path(args.output).with_suffix('.png')} was not written: {error}", file=sys.stderr)
+            return 1
     return 0

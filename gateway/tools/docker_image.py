@@ -29,12 +29,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"gateway docker-image: the Docker daemon cannot be reached: {error}")
         return 1
     try:
-        client.images.get(args.tag)
-        if not args.replace:
-            print(f"{args.tag} already exists (--replace to import it again)")
-            return 0
-    except docker.errors.ImageNotFound:
-        pass
-    import_host_image(client, args.tag)
+        try:
+            client.images.get(args.tag)
+            if not args.replace:
+                print(f"{args.tag} already exists (--replace to import it again)")
+                return 0
+        except docker.errors.ImageNotFound:
+            pass
+        import_host_image(client, args.tag)
+    except docker.errors.APIError as error:  # a tag Docker refuses ("invalid reference format")
+        print(f"gateway docker-image: --tag {args.tag!r}: {error.explanation or error}")
+        return 1
     print(f"imported {args.tag}")
     return 0

@@ -56,7 +56,17 @@ from typing import Any
 
 import numpy as np
 
-from gateway.tools.arguments import existing_file, non_negative_float, output_file, positive_float, positive_int, seed
+from gateway.tools.arguments import (
+    MIN_GAMMA_SHAPE,
+    existing_file,
+    gamma_shape,
+    non_negative_float,
+    output_file,
+    positive_float,
+    positive_int,
+    refuse_too_many_arrivals,
+    seed,
+)
 from schedulers.dispatch import CPU, EPSILON_S, GPU, SPILL_WITHIN, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import BASELINES, DEFAULT_POLICY, POLICIES, GpuScheduler
 from schedulers.profiles import LatencyProfile
@@ -558,7 +568,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus", type=positive_int, help=f"emulated GPUs (default {GOODPUT_GPUS} with --goodput, else {RATE_GPUS})"
     )
     parser.add_argument("--rate", type=positive_float, help="with --zoo: offered load, requests/s over all models")
-    parser.add_argument("--shape", type=positive_float, default=None, help="Gamma shape of the arrival gaps (default: Poisson)")
+    parser.add_argument("--shape", type=gamma_shape, default=None, help="Gamma shape of the arrival gaps (default: Poisson)")
     parser.add_argument(
         "--policies",
         help=f"comma-separated GPU policies of {', '.join(POLICIES)} (default: all; with --goodput the default "
@@ -649,7 +659,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("gateway simulate: --config needs --arrivals")
         try:
             arrivals = [(float(t), str(model)) for t, model in json.loads(args.arrivals.read_text())]
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, RecursionError) as error:  # RecursionError: nested past the parser's depth
             raise SystemExit(f"gateway simulate: {args.arrivals} is not JSON [[seconds, model], ...]: {error}") from None
         result = simulate_config(args.config, arrivals, _cpu_profiles(args.cpu_profile), args.seed)
         results.append(result)
@@ -660,6 +670,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.rate is None:
             raise SystemExit("gateway simulate: --zoo needs --rate (or --goodput)")
+        refuse_too_many_arrivals("simulate", [(args.rate, args.duration)])
         zoo = load_zoo(args.zoo)
         gpus = RATE_GPUS if args.gpus is None else args.gpus
         for policy in _policies(args.policies, POLICIES):
@@ -689,11 +700,12 @@ def _policies(spec: str | None, default: Iterable[str]) -> list[str]:
 def _shapes(spec: str) -> list[float | None]:
     try:
         shapes = [None if word.strip().lower() == "poisson" else float(word) for word in spec.split(",")]
-        if any(s is not None and (not math.isfinite(s) or s <= 0) for s in shapes):
+        if any(s is not None and (not math.isfinite(s) or s < MIN_GAMMA_SHAPE) for s in shapes):
             raise ValueError
     except ValueError:
         raise SystemExit(
-            f"gateway simulate: --shapes {spec!r}: expected finite numbers over 0 or 'poisson', comma-separated"
+            f"gateway simulate: --shapes {spec!r}: expected finite numbers of at least {MIN_GAMMA_SHAPE:g} "
+            "or 'poisson', comma-separated"
         ) from None
     return shapes
 
