@@ -17,10 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from executors.limits import CFS_PERIOD_US, Actuator, make_actuator, unavailable_reason
+from executors.limits import Actuator, make_actuator, unavailable_reason
 from executors.process import ProcessExecutor
 
 needs_cgroup = pytest.mark.skipif(unavailable_reason("cpu") is not None, reason=unavailable_reason("cpu") or "")
+
+
+def quota_cores(group: Path) -> float:
+    """The cores the group's CFS quota allows (cgroup v2's cpu.max, or v1's two files)."""
+    if (group / "cpu.max").exists():
+        quota, period = (group / "cpu.max").read_text().split()
+    else:
+        quota, period = (group / "cpu.cfs_quota_us").read_text(), (group / "cpu.cfs_period_us").read_text()
+    return int(quota) / int(period)
 
 
 class SilentExecutor(ProcessExecutor):
@@ -72,11 +81,11 @@ async def test_cores_set_while_an_executor_starts_reach_its_group_at_once(tmp_pa
         assert procs.read_text().split() == [str(executor.pid)]
         # The quota was in the group before the process: a new group has none.
         assert recorded.calls == ["apply 1.5", "attach"], recorded.calls
-        assert int((group / "cpu.cfs_quota_us").read_text()) == round(1.5 * CFS_PERIOD_US)
+        assert quota_cores(group) == pytest.approx(1.5)
 
         executor.set_cores(0.1)
         assert executor.state == "starting"
-        assert int((group / "cpu.cfs_quota_us").read_text()) == round(0.1 * CFS_PERIOD_US)
+        assert quota_cores(group) == pytest.approx(0.1)
         assert executor.enforced_cores == pytest.approx(0.1)
     finally:
         starting.cancel()
