@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -122,20 +123,26 @@ async def test_open_loop_times_requests_from_when_they_were_due():
     assert max(on_time.latencies_ms) < 200  # on schedule, only the answer's own time
 
 
+def _start_stand_in(folder: Path) -> tuple[subprocess.Popen, int]:
+    """STAND_IN in a process of its own, answering: the process and its port."""
+    (folder / "stand_in.py").write_text(STAND_IN)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(folder / "stand_in.py"), str(port)])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/v2/models/m", timeout=1)
+            break
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    return server, port
+
+
 def test_bench_keeps_its_results_when_the_gateway_dies(tmp_path):
     """The gateway killed mid-run: what was answered and what was not are counted, the model's SLA
     (read after the run) is unknown, and the summary and --output are there all the same."""
-    (tmp_path / "stand_in.py").write_text(STAND_IN)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(tmp_path / "stand_in.py"), str(port)])
+    server, port = _start_stand_in(tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                requests.get(f"http://127.0.0.1:{port}/v2/models/m", timeout=1)
-                break
-            except requests.ConnectionError:
-                time.sleep(0.1)
         out = tmp_path / "result.json"
         command = [sys.executable, "-m", "gateway.cli", "bench", f"http://127.0.0.1:{port}", "--model", "m"]
         load = ["--rate", "50", "--duration", "3", "--quiet", "--output", str(out)]
@@ -166,17 +173,8 @@ def test_a_report_that_cannot_be_saved_loses_none_of_the_results(tmp_path, monke
         raise IsADirectoryError(21, "Is a directory", str(path))
 
     monkeypatch.setattr(bench_report, "write_report", unsaved)
-    (tmp_path / "stand_in.py").write_text(STAND_IN)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(tmp_path / "stand_in.py"), str(port)])
+    server, port = _start_stand_in(tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                requests.get(f"http://127.0.0.1:{port}/v2/models/m", timeout=1)
-                break
-            except requests.ConnectionError:
-                time.sleep(0.1)
         parser = argparse.ArgumentParser()
         bench.add_arguments(parser)
         out = tmp_path / "result.json"
