@@ -346,19 +346,30 @@ class AffinityActuator:
 
     def __init__(self) -> None:
         self._cpus = sorted(psutil.Process().cpu_affinity() or range(os.cpu_count() or 1))
-        self._pids: dict[str, int] = {}
+        # Each executor's process as attached: a psutil.Process knows its own start, so a pid the
+        # system gave to another process since (the executor restarted) is not pinned.
+        self._processes: dict[str, psutil.Process] = {}
         self._pinned: dict[str, list[int]] = {}  # executor -> the CPUs it was given
 
     def attach(self, executor_id: str, pid: int) -> None:
         """Pin ``pid`` to the CPUs its executor was given (``apply`` comes first, as a quota is
         written before a process joins its group)."""
-        self._pids[executor_id] = pid
-        if (cpus := self._pinned.get(executor_id)) is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).cpu_affinity(cpus)
+        try:
+            self._processes[executor_id] = psutil.Process(pid)
+        except psutil.Error:
+            self._processes.pop(executor_id, None)
+            return
+        self._pin(executor_id)
+
+    def _pin(self, executor_id: str) -> None:
+        process, cpus = self._processes.get(executor_id), self._pinned.get(executor_id)
+        if process is not None and cpus is not None:
+            with contextlib.suppress(psutil.Error):
+                if process.is_running():  # not its pid given to another process since it ended
+                    process.cpu_affinity(cpus)
 
     def detach(self, executor_id: str) -> None:
-        self._pids.pop(executor_id, None)
+        self._processes.pop(executor_id, None)
         self._pinned.pop(executor_id, None)
 
     def enforced(self, cores: float) -> float:
@@ -369,14 +380,11 @@ class AffinityActuator:
         others = Counter(cpu for other, cpus in self._pinned.items() if other != executor_id for cpu in cpus)
         cpus = sorted(sorted(self._cpus, key=lambda cpu: (others[cpu], cpu))[:count])
         self._pinned[executor_id] = cpus
-        pid = self._pids.get(executor_id)
-        if pid is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).cpu_affinity(cpus)
+        self._pin(executor_id)
         return float(count)
 
     def close(self) -> None:
-        self._pids.clear()
+        self._processes.clear()
         self._pinned.clear()
 
 

@@ -222,6 +222,15 @@ def test_cpu_affinity_counts_the_whole_cpus_it_pins(sleeper):
     assert actuator.apply("cpu-a", available + 3) == available
 
 
+def test_cpu_affinity_pins_a_process_attached_after_its_cpus_were_given(sleeper):
+    """A quota is written before a process joins its group; the CPUs are given before the process
+    is attached alike, and attached, it was not pinned (it ran on every CPU until the next grant)."""
+    actuator = AffinityActuator()
+    assert actuator.apply("cpu-a", 0.3) == 1.0
+    actuator.attach("cpu-a", sleeper.pid)
+    assert len(psutil.Process(sleeper.pid).cpu_affinity()) == 1
+
+
 second_sleeper = python_process("import time; time.sleep(60)")
 
 
