@@ -722,13 +722,16 @@ class Engine:
             while self.core.busy(name):  # the stopped executors' batches fail at once
                 await asyncio.sleep(0.02)
             self.core.remove_model(name)
-            for executor in runtime.executors:
-                await executor.stop()
-                self.executors.pop(executor.id, None)
-                self._cpu_seen.pop(executor.id, None)
-            # Its cores go to the others once its executors have stopped: handed over before, the
-            # node's quotas added up past its cores (2.4-2.8 on a node of 2) while they stopped.
-            self.control.remove_model(name)
+            try:
+                for executor in runtime.executors:
+                    await executor.stop()
+                    self.executors.pop(executor.id, None)
+                    self._cpu_seen.pop(executor.id, None)
+            finally:
+                # Its cores go to the others once its executors have stopped: handed over before,
+                # the node's quotas added up past its cores (2.4-2.8 on a node of 2) while they
+                # stopped. A stop that failed (the Docker daemon's error) still hands them over.
+                self.control.remove_model(name)
             self.config.models.pop(name, None)
             del self.models[name]
             self.metrics.forget(name, [(e.id, e.device) for e in runtime.executors])
@@ -872,7 +875,8 @@ class Engine:
             # Of the requests answered, as the statistics' queue: counted where its batch ended,
             # one whose client left before its answer was written counted too (12 against 8
             # answered), as did one whose batch ended after its timeout.
-            if series is not None:
+            # A pipeline waits in no queue of its own: its steps' requests are counted under their models.
+            if series is not None and self.pipelines.get(runtime.name) is not runtime:
                 series.queue_seconds.observe(result.queue_ms / 1000)
         else:
             runtime.statistics.failed(took_ns)

@@ -304,6 +304,10 @@ def test_a_pipeline_has_tritons_series_as_its_statistics_do(pipeline):
     assert 'nv_inference_request_success{model="waits",version="1"} 2' in lines
     assert f'nv_inference_count{{model="waits",version="1"}} {stat["inference_count"]}' in lines
     assert 'nv_inference_exec_count{model="waits",version="1"} 2' in lines
+    # A pipeline waits in no queue of its own (nor do its statistics count one): its steps'
+    # requests do, under their models. Its requests were counted as two waits of 0 s.
+    assert 'gateway_queue_seconds_count{model="waits"} 0.0' in lines
+    assert 'gateway_queue_seconds_count{model="mlp"} 2.0' in lines
 
 
 def _rows(rows: int, **parameters) -> dict:

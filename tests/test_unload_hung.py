@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config import load_config
@@ -45,5 +46,31 @@ async def test_an_unload_ends_a_request_on_a_hung_executor_at_its_timeout(tmp_mo
             assert "was unloaded while this request ran" in (await response.json())["error"]
             assert took >= 1.0 and "mlp" not in engine.models
             assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    finally:
+        await engine.stop()
+
+
+async def test_an_unload_whose_executor_fails_to_stop_still_hands_its_cores_over(tmp_models: Path) -> None:
+    """Its cores go to the others once its executor has stopped; a stop that raised (the Docker
+    daemon's error) kept them granted to the model, unserved, until the gateway's restart."""
+    config = tmp_models / "config.toml"
+    model = '[models.{}]\npath = "mlp.onnx"\nsla_ms = 1000\ncpu = {{ cores = 0.5, threads = 1 }}\n'
+    models = "".join(model.format(name) for name in "ab")
+    config.write_text(f'[node]\ncpu_cores = 1.0\n[control]\npolicy = "max"\n{models}')
+    engine = Engine(load_config(config), GatewayMetrics())
+    await engine.start()
+    try:
+        (executor,) = engine.models["b"].executors
+        stop = executor.stop
+
+        async def stop_that_fails() -> None:
+            await stop()
+            raise RuntimeError("the daemon answered 500")
+
+        executor.stop = stop_that_fails
+        with pytest.raises(RuntimeError, match="the daemon answered 500"):
+            await engine.unload_model("b", timeout_s=1.0)
+        assert "b" not in engine.control.models
+        assert [e.cores for e in engine.models["a"].executors] == [pytest.approx(1.0)]  # the node split among those left
     finally:
         await engine.stop()
