@@ -555,5 +555,5 @@ def test_docker_image_names_a_tag_docker_refuses_in_one_line(client, capsys):
 
     assert main(["docker-image", "--tag", "Bad Tag"]) == 1
     said = capsys.readouterr().out
-    assert said.startswith("gateway docker-image: --tag 'Bad Tag': ") and "invalid reference format" in said
+    assert said.startswith("gateway docker-image: Bad Tag not imported: ") and "invalid reference format" in said
     assert not client.images.list(name="Bad Tag")

@@ -51,6 +51,7 @@ def _refused(argv: list[str], capsys) -> str:
         (["simulate", "--zoo", ZOO, "--rate", "1e300", "--duration", "1"], "ask for 1e+300 arrivals, more than the 5,000,000"),
         (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1e9"], "ask for 1e+10 arrivals, more than the 5,000,000"),
         (["bench", "http://127.0.0.1:9", "--model", "m", "--steps", "1:1,1e7:1"], "ask for 1e+07 arrivals"),
+        (["identify", "http://127.0.0.1:9", "--model", "m", "--rate", "1e9"], "gateway identify: the rates and seconds ask for"),
         # Found out after the run, the results were lost with the report.
         (["bench", "http://127.0.0.1:9", "--model", "m", "--rate", "1", "--output", "{folder}/run.json"], "run.png is a folder"),
         (["simulate", "--zoo", ZOO, "--rate", "10", "--output", "{folder}"], "is a folder; give a file's name"),

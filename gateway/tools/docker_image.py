@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
         except docker.errors.ImageNotFound:
             pass
         import_host_image(client, args.tag)
-    except docker.errors.APIError as error:  # a tag Docker refuses ("invalid reference format")
-        print(f"gateway docker-image: --tag {args.tag!r}: {error.explanation or error}")
+    except docker.errors.APIError as error:  # a tag Docker refuses ("invalid reference format"), a full disk
+        print(f"gateway docker-image: {args.tag} not imported: {error.explanation or error}")
         return 1
     print(f"imported {args.tag}")
     return 0

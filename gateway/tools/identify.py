@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 
 from controllers.identification import StepPoint, gain_from_step
-from gateway.tools.arguments import positive_float, positive_floats, share
+from gateway.tools.arguments import positive_float, positive_floats, refuse_too_many_arrivals, share
 from gateway.tools.bench import arrival_times, open_loop, request_body
 
 
@@ -95,6 +95,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_too_many_arrivals("identify", [(args.rate, args.seconds)])  # drawn for each step
     try:
         result = asyncio.run(_run(args))
     except (aiohttp.ClientError, ValueError) as error:  # ValueError: a URL aiohttp cannot use
