@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import io
 import itertools
 import logging
@@ -115,6 +116,10 @@ class DockerBackend:
         self.nvidia = False
         # The SDK's calls block: they run in threads, not on the event loop.
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="docker")
+        # Quota updates, one at a time in the order asked: the control loop lowers grants before
+        # it raises others, and updates run side by side landed in any order (2.8 cores of quota
+        # on a node of 2 while a raise was carried out before another container's lowering).
+        self.quota_updates = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="docker-quota")
 
     def connect(self) -> None:
         """Reach the daemon, make sure the image exists, and remove a crashed run's containers."""
@@ -174,6 +179,7 @@ class DockerBackend:
         # Waits for the calls under way (each within the client's 30 s timeout): a container the
         # daemon is still making would otherwise be left behind by a process that exits meanwhile.
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.quota_updates.shutdown(wait=True, cancel_futures=True)
         if self.client is not None:
             self.client.close()
 
@@ -230,7 +236,6 @@ class DockerExecutor(SupervisedExecutor):
         # Its containers' names are its own: a reloaded model's executor is another object, and
         # a name counted from 1 again met its predecessor's container while Docker removed it.
         self._instance = next(_INSTANCES)
-        self._resize: asyncio.Task[None] | None = None
         self._relay: threading.Thread | None = None  # follows the container's output
 
     # -- launching --------------------------------------------------------------------------
@@ -287,7 +292,7 @@ class DockerExecutor(SupervisedExecutor):
             # all to Docker, and 100.9 MB was 100. Under Docker's least (6 MB), the daemon refuses it.
             limit = int(self.memory_mb * 2**20)
             options |= {"mem_limit": limit, "memswap_limit": limit}
-        if self.device == "cpu":
+        if self._capped:
             quota, period = cfs_bandwidth(self.cores, self.cfs_period_us)
             options |= {"cpu_period": period, "cpu_quota": quota}
             self._enforced = (self.cores, quota / period)
@@ -318,12 +323,23 @@ class DockerExecutor(SupervisedExecutor):
         assert self.docker.client is not None
         container = self._launched = self.docker.client.containers.create(self.docker.image, **options)
         try:
+            # Cores set from now on update this container, in order with every other update
+            # (``_actuate``); those set while it was made, before it starts. Started on the cores
+            # it was made with, it held them for 50-75 ms beside the grant another model was
+            # given meanwhile (3.3 cores of quota on a node of 2).
+            self._contained = not self._stopping
+            if self._capped and self._enforced is not None and self._enforced[0] != (cores := self.cores):
+                quota, period = cfs_bandwidth(cores, self.cfs_period_us)
+                container.update(cpu_period=period, cpu_quota=quota)
+                self._enforced = (cores, quota / period)
             container.start()
         except BaseException:
+            self._contained = False
             with contextlib.suppress(*DAEMON_ERRORS):
                 container.remove(force=True)
             raise
         if self._stopping:
+            self._contained = False
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
             raise ExecutorStartError(f"executor {self.id} was stopped while its container was made")
@@ -393,33 +409,37 @@ class DockerExecutor(SupervisedExecutor):
         assert self.container is not None
         await self.docker.call(self.container.reload)
         self.pid = self.container.attrs["State"]["Pid"] or None
-        self._actuate()  # cores changed while it was starting
+
+    @property
+    def _capped(self) -> bool:
+        """Whether its container runs under a CPU quota: a CPU executor's, and a GPU executor's
+        where the node reserves cores for the GPUs (``reserved_cores``, ROMA's GC), as a process
+        executor's group (its container had none, and could use every core of the node)."""
+        return self.device == "cpu" or self.cores > 0
 
     def _would_enforce(self, cores: float) -> float:
-        """Docker's CFS quota has the kernel's 1 ms floor; a GPU executor's CPU is not capped."""
-        return quota_cores(cores, self.cfs_period_us) if self.device == "cpu" else cores
+        """Docker's CFS quota has the kernel's 1 ms floor; an uncapped GPU executor's CPU is its own."""
+        return quota_cores(cores, self.cfs_period_us) if self._capped else cores
 
     def _actuate(self) -> None:
-        if self.device != "cpu" or self.container is None:
+        """Update the container's CFS quota to the cores asked for now, after every update asked
+        for before, of any container of the gateway (``DockerBackend.quota_updates``)."""
+        # The container of this run from when it is made (``_launched``), before it starts.
+        if not self._capped or self._launched is None:
             return
-        if self._resize is None or self._resize.done():
-            self._resize = asyncio.get_running_loop().create_task(self._apply_cores())
+        cores, container = self.cores, self._launched
+        quota, period = cfs_bandwidth(cores, self.cfs_period_us)
+        update = functools.partial(container.update, cpu_period=period, cpu_quota=quota)
+        done = asyncio.get_running_loop().run_in_executor(self.docker.quota_updates, update)
+        done.add_done_callback(functools.partial(self._quota_updated, cores, quota / period, container))
 
-    async def _apply_cores(self) -> None:
-        """Update the container's CFS quota until it holds the latest cores asked for."""
-        applied = None
-        while applied != self.cores and self.container is not None:
-            applied = self.cores
-            quota, period = cfs_bandwidth(applied, self.cfs_period_us)
-            try:
-                await self.docker.call(self.container.update, cpu_period=period, cpu_quota=quota)
-            except docker.errors.DockerException as error:
-                self._enforced = None
-                log.error(
-                    "executor %s: could not set %.2f cores on container %s: %s", self.id, applied, self.container.name, error
-                )
-                return
-            self._enforced = (applied, quota / period)
+    def _quota_updated(self, cores: float, enforced: float, container: Container, done: asyncio.Future[Any]) -> None:
+        error = None if done.cancelled() else done.exception()
+        if error is not None:
+            self._enforced = None
+            log.error("executor %s: could not set %.2f cores on container %s: %s", self.id, cores, container.name, error)
+        elif not done.cancelled() and container is self._launched and cores == self.cores:
+            self._enforced = (cores, enforced)
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -557,3 +558,70 @@ def test_docker_image_names_a_tag_docker_refuses_in_one_line(client, capsys):
     said = capsys.readouterr().out
     assert said.startswith("gateway docker-image: Bad Tag not imported: ") and "invalid reference format" in said
     assert not client.images.list(name="Bad Tag")
+
+
+def _quota_cores(container_id: str) -> float | None:
+    """The CFS quota (cores) the kernel holds for a running container (cgroup v1 or v2), None if none."""
+    for group in (
+        Path(f"/sys/fs/cgroup/cpu/docker/{container_id}"),
+        *Path("/sys/fs/cgroup").glob(f"**/docker-{container_id}.scope"),
+    ):
+        if (group / "cpu.max").exists():
+            quota, period = (group / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
+        if (group / "cpu.cfs_quota_us").exists():
+            quota = int((group / "cpu.cfs_quota_us").read_text())
+            return None if quota < 0 else quota / int((group / "cpu.cfs_period_us").read_text())
+    return None
+
+
+def test_grants_moved_between_containers_never_add_up_past_the_node(client, tmp_path, example_models):
+    """The control loop lowers one grant before it raises another; each container's update ran in
+    a task of its own, and a raise landed before the other's lowering (2.8 cores of quota on a
+    node of 2, in 9-27 of 40 swaps)."""
+    for name in ("mlp", "cnn_small"):
+        shutil.copy(example_models / f"{name}.onnx", tmp_path / f"{name}.onnx")
+    model = '[models.{0}]\npath = "{0}.onnx"\nsla_ms = 500\ncpu = {{ cores = 1.0, threads = 1 }}\n'
+    models = "".join(model.format(name) for name in ("mlp", "cnn_small"))
+    with run_gateway(docker_config(tmp_path / "config.toml", models)) as gateway:
+        ids = [c.id for c in owned_by(client, gateway.process.pid)]
+        assert len(ids) == 2
+        sums: list[float] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                sums.append(sum(cores for i in ids if (cores := _quota_cores(i)) is not None))
+                time.sleep(0.001)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            for cores in [0.2, 1.8] * 15:  # each pin lowers one model and raises the other at once
+                response = requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": cores}, timeout=10)
+                assert response.status_code == 200, response.text
+                time.sleep(0.02)
+        finally:
+            done.set()
+            sampler.join()
+    assert len(sums) > 20 and max(sums) <= 2.0 + 1e-3, (len(sums), max(sums))
+
+
+def test_a_gpu_executor_container_runs_under_the_cores_reserved_for_it(client, tmp_path, example_models):
+    """README: with reserved_cores (ROMA's GC) the GPU executors run under a CPU quota of their own.
+    A process executor's group had it; a container had none, and could use every core."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    (tmp_path / "gpu.csv").write_text("model,alpha_ms,beta_ms\nmlp,0.1,1.0\n")
+    config = docker_config(
+        tmp_path / "config.toml",
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 500\ncpu = { cores = 1.5, threads = 1 }\n',
+        control='policy = "fixed"\nreserved_cores = 0.5',
+    )
+    config.write_text(
+        config.read_text().replace("[node]\n", "[node]\ngpus = [0]\n", 1)
+        + '\n[gpu]\nexecutor = "emulated"\nprofile = "gpu.csv"\n'
+    )
+    with run_gateway(config) as gateway:
+        gpu = next(c for c in owned_by(client, gateway.process.pid) if "-gpu-0-" in c.name)
+        assert _quota_cores(gpu.id) == pytest.approx(0.5)
+        assert (gpu.attrs["HostConfig"]["CpuQuota"], gpu.attrs["HostConfig"]["CpuPeriod"]) == (5000, 10000)
