@@ -343,9 +343,12 @@ def _granted_cores(gateway) -> float:
     """The cores the executors' CPU groups allow at this moment, summed (cgroup v1)."""
     total = 0.0
     for group in Path("/sys/fs/cgroup/cpu").glob(f"gateway-{gateway.process.pid}/*/"):
-        quota = int((group / "cpu.cfs_quota_us").read_text())
+        try:
+            quota, period = (int((group / name).read_text()) for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+        except FileNotFoundError:  # an unloaded model's group, removed as it was read
+            continue
         if quota > 0:
-            total += quota / int((group / "cpu.cfs_period_us").read_text())
+            total += quota / period
     return total
 
 
