@@ -872,10 +872,10 @@ class Engine:
         took_ns = round((now - arrival) * 1e9)
         if result is not None and result.timing is not None:
             runtime.statistics.succeeded(took_ns, round(result.queue_ms * 1e6), result.rows, result.timing)
-            # Of the requests answered, as the statistics' queue: counted where its batch ended,
-            # one whose client left before its answer was written counted too (12 against 8
-            # answered), as did one whose batch ended after its timeout.
-            # A pipeline waits in no queue of its own: its steps' requests are counted under their models.
+            # Of the requests answered, as the statistics' queue. Counted where its batch ended, it
+            # took in one whose client left before its answer was written (12 against 8 answered)
+            # and one whose batch ended after its timeout. A pipeline waits in no queue of its own:
+            # its steps' requests are counted under their models.
             if series is not None and self.pipelines.get(runtime.name) is not runtime:
                 series.queue_seconds.observe(result.queue_ms / 1000)
         else:
