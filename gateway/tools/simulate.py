@@ -699,15 +699,12 @@ def _policies(spec: str | None, default: Iterable[str]) -> list[str]:
 
 def _shapes(spec: str) -> list[float | None]:
     try:
-        shapes = [None if word.strip().lower() == "poisson" else float(word) for word in spec.split(",")]
-        if any(s is not None and (not math.isfinite(s) or s < MIN_GAMMA_SHAPE) for s in shapes):
-            raise ValueError
-    except ValueError:
+        return [None if word.strip().lower() == "poisson" else gamma_shape(word) for word in spec.split(",")]
+    except argparse.ArgumentTypeError:
         raise SystemExit(
             f"gateway simulate: --shapes {spec!r}: expected finite numbers of at least {MIN_GAMMA_SHAPE:g} "
             "or 'poisson', comma-separated"
         ) from None
-    return shapes
 
 
 def _run_goodput(args: argparse.Namespace) -> int:
