@@ -293,9 +293,8 @@ class DockerExecutor(SupervisedExecutor):
             limit = int(self.memory_mb * 2**20)
             options |= {"mem_limit": limit, "memswap_limit": limit}
         if self._capped:
-            quota, period = cfs_bandwidth(self.cores, self.cfs_period_us)
-            options |= {"cpu_period": period, "cpu_quota": quota}
-            self._enforced = (self.cores, quota / period)
+            quota, self._enforced = self._quota(self.cores)
+            options |= quota
         elif not self.emulate:
             if not self.docker.nvidia:
                 raise DockerUnavailable(
@@ -329,9 +328,9 @@ class DockerExecutor(SupervisedExecutor):
             # given meanwhile (3.3 cores of quota on a node of 2).
             self._contained = not self._stopping
             if self._capped and self._enforced is not None and self._enforced[0] != (cores := self.cores):
-                quota, period = cfs_bandwidth(cores, self.cfs_period_us)
-                container.update(cpu_period=period, cpu_quota=quota)
-                self._enforced = (cores, quota / period)
+                quota, enforced = self._quota(cores)
+                container.update(**quota)
+                self._enforced = enforced
             container.start()
         except BaseException:
             self._contained = False
@@ -428,18 +427,22 @@ class DockerExecutor(SupervisedExecutor):
         if not self._capped or self._launched is None:
             return
         cores, container = self.cores, self._launched
-        quota, period = cfs_bandwidth(cores, self.cfs_period_us)
-        update = functools.partial(container.update, cpu_period=period, cpu_quota=quota)
-        done = asyncio.get_running_loop().run_in_executor(self.docker.quota_updates, update)
-        done.add_done_callback(functools.partial(self._quota_updated, cores, quota / period, container))
+        quota, enforced = self._quota(cores)
+        done = asyncio.get_running_loop().run_in_executor(self.docker.quota_updates, functools.partial(container.update, **quota))
+        done.add_done_callback(functools.partial(self._quota_updated, enforced, container))
 
-    def _quota_updated(self, cores: float, enforced: float, container: Container, done: asyncio.Future[Any]) -> None:
+    def _quota(self, cores: float) -> tuple[dict[str, int], tuple[float, float]]:
+        """Docker's options for a CFS quota of ``cores``, and (``cores``, the cores it enforces)."""
+        quota, period = cfs_bandwidth(cores, self.cfs_period_us)
+        return {"cpu_period": period, "cpu_quota": quota}, (cores, quota / period)
+
+    def _quota_updated(self, enforced: tuple[float, float], container: Container, done: asyncio.Future[Any]) -> None:
         error = None if done.cancelled() else done.exception()
         if error is not None:
             self._enforced = None
-            log.error("executor %s: could not set %.2f cores on container %s: %s", self.id, cores, container.name, error)
-        elif not done.cancelled() and container is self._launched and cores == self.cores:
-            self._enforced = (cores, enforced)
+            log.error("executor %s: could not set %.2f cores on container %s: %s", self.id, enforced[0], container.name, error)
+        elif not done.cancelled() and container is self._launched and enforced[0] == self.cores:
+            self._enforced = enforced
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
