@@ -26,9 +26,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 schema = schemathesis.openapi.from_dict(openapi_document(__version__))
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory, example_models):
-    folder = tmp_path_factory.mktemp("fuzz")
+def serving(folder, example_models):
+    """A gateway of its own serving mlp and a fixed-shape model."""
     shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
     fixed_shape_model(folder / "fixed.onnx")
     (folder / "config.toml").write_text(
@@ -36,20 +35,43 @@ def gateway(tmp_path_factory, example_models):
         '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 100\nmax_batch_size = 8\n\n'
         '[models.fixed]\npath = "fixed.onnx"\nsla_ms = 100\n'
     )
-    with run_gateway(folder / "config.toml") as running:
+    return run_gateway(folder / "config.toml")
+
+
+def accounts_add_up(running, models: list[str]) -> None:
+    """After all of it: alive, each of ``models`` served, and every request that reached it ended
+    in one outcome."""
+    assert requests.get(f"{running.base}/v2/health/live", timeout=5).status_code == 200
+    for model in models:
+        answer = requests.get(f"{running.base}/admin/models/{model}", headers=AUTH, timeout=5)
+        assert answer.status_code == 200, answer.text
+        stats = answer.json()["stats"]
+        assert stats["received"] == sum(stats["outcomes"].values())
+        assert "internal_error" not in stats["outcomes"]
+    assert "unexpected error" not in running.output()
+
+
+@pytest.fixture(scope="module")
+def api_gateway(tmp_path_factory, example_models):
+    """The gateway the OpenAPI cases reach. They may unload its models: schemathesis reuses the
+    names that answers carry (GET /admin/models) as path parameters, an unload's among them."""
+    with serving(tmp_path_factory.mktemp("fuzz-api"), example_models) as running:
         yield running
-        # After all of it: alive, and every request that reached a model ended in one outcome.
-        assert requests.get(f"{running.base}/v2/health/live", timeout=5).status_code == 200
-        for model in ("mlp", "fixed"):
-            stats = requests.get(f"{running.base}/admin/models/{model}", headers=AUTH, timeout=5).json()["stats"]
-            assert stats["received"] == sum(stats["outcomes"].values())
-            assert "internal_error" not in stats["outcomes"]
-        assert "unexpected error" not in running.output()
+        listed = requests.get(f"{running.base}/admin/models", headers=AUTH, timeout=5).json()
+        accounts_add_up(running, sorted({model["name"] for model in listed["models"]} & {"mlp", "fixed"}))
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, example_models):
+    """The gateway the generated tensors reach, both of its models served throughout."""
+    with serving(tmp_path_factory.mktemp("fuzz-infer"), example_models) as running:
+        yield running
+        accounts_add_up(running, ["mlp", "fixed"])
 
 
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_the_api_against_its_openapi_document(case, gateway):
+def test_the_api_against_its_openapi_document(case, api_gateway):
     if case.path.startswith("/admin/models/{model}") and case.method == "PUT":
         case.path_parameters = {**(case.path_parameters or {}), "model": "fixed"}  # reach the body's validation
     # A negative case that leaves out the Authorization header is sent without it: adding the token
@@ -59,7 +81,7 @@ def test_the_api_against_its_openapi_document(case, gateway):
     unauthorized = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER) and "Authorization" not in headers
     # Schema-valid infer bodies are mostly wrong for a given model's signature: a 400 there is right.
     case.call_and_validate(
-        base_url=gateway.base, headers=None if unauthorized else AUTH, excluded_checks=[positive_data_acceptance]
+        base_url=api_gateway.base, headers=None if unauthorized else AUTH, excluded_checks=[positive_data_acceptance]
     )
 
 
