@@ -46,9 +46,13 @@ cores (beside two spinning processes its latest wake-up was 5.5 ms, and the gap 
 It does not see all of them: in two full runs of the suite on the VM (2026-11-26 and 27) the gap
 was 0.036 and 0.035 (EfficientNetB3 served 0.042 against 0.006 simulated: 8 refused, 5 answered
 past the SLO, 3 batches late) with no late wake-up and 10 ms of steal seen, while the test alone
-right after had gaps of 0.000-0.013. So a gap over TOLERANCE is served once more in any case, and
-fails where it is over in both runs: a gateway whose core disagrees with the simulator's does so
-every time.
+right after had gaps of 0.000-0.013. So a gap over TOLERANCE is served once more in any case.
+
+On a CI machine of 2026-11-27 the hypervisor took 540 ms of a second in the first run and 390 ms
+in the second, and both were over TOLERANCE (EfficientNetB3 served 0.045 and 0.061 against 0.006
+simulated). So a run over TOLERANCE that the probe saw stalling is served again, up to
+MOST_SERVES runs in all; one over TOLERANCE with no stall seen, after the second, fails. A gateway
+whose core disagrees with the simulator's does so every time, stall or none.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ TOLERANCE = 0.03  # absolute, on each model's bad rate
 # A machine that left an idle process waiting this long for a CPU while the gateway served (or
 # whose hypervisor took HEAVY_STEAL_MS of a second) stalled the gateway too: served once more.
 MACHINE_STALL_MS = 20.0
+MOST_SERVES = 4  # the first, one more in any case, and more only while the machine is seen stalling
 REQUEST_TIMEOUT_MS = 2000.0  # ten times the longest SLO
 PEAK_RESOLUTION_RPS = 1.0  # the bisection stops this close to the peak
 # What the gateway answers instead of a result, by HTTP status (the dispatch core's Fail actions).
@@ -277,9 +282,12 @@ def test_serve_and_simulate_agree_on_each_models_bad_rate_at_the_peak(tmp_path, 
 
     served = serve(config, arrivals)
     gap = gaps(served, simulated, sent)
-    if max(gap.values()) > TOLERANCE:
-        # The machine, seen stalling or not (see above), rather than the core: served once more.
-        # A gateway that misses twice still fails.
+    for serves in range(2, MOST_SERVES + 1):
+        if max(gap.values()) <= TOLERANCE or (serves > 2 and not served.machine_stalled):
+            break
+        # The machine, seen stalling or not (see above), rather than the core: served once more,
+        # and again while each run over TOLERANCE had the machine seen stalling. A gateway that
+        # misses twice with no stall seen still fails.
         stalled = "while the machine stalled" if served.machine_stalled else "with no stall seen"
         print(f"over TOLERANCE {stalled}: served once more")
         served = serve(config, arrivals)
