@@ -168,20 +168,22 @@ class ControlLoop:
         self.supervisor.replace(name, controller, demand, self.clock(), min_cores=floor_cores(controller, model))
         self._apply(self.supervisor.grant())
 
-    def set_aside(self, cores: float, min_cores: float) -> float:
+    def set_aside(self, cores: float, min_cores: float, reloading: bool = False) -> float:
         """Keep ``cores`` out of the arbitration, the other models' grants fitted at once: a model
         being loaded starts and is profiled on them before it joins (``add_model``). Started on its
         configured cores beside grants that filled the node, it took the node past its cores until
         then. At most what the other models' minimums leave (all of a model's 2 cores set aside on
         a node of 2 held a serving model at 0 cores while it loaded); where that is under the new
         model's own ``min_cores``, the minimums cannot all be held and the load is refused (400).
-        The cores set aside."""
+        A reload (``reloading``) starts its executor beside the one it replaces, whose minimum is
+        held meanwhile. The cores set aside."""
         supervisor = self.supervisor
         room = supervisor.node_cores - supervisor.reserved_cores - supervisor.floors()
         if room < min_cores - 1e-9:  # a float's rounding is no shortfall
+            beside = "; a reload starts beside the model it replaces: unload that first" if reloading else ""
             raise InvalidRequest(
                 f"the node's cores ({supervisor.node_cores:g}, node.cpu_cores) hold the served models' minimums "
-                f"and leave {max(0.0, room):.3g}, under this model's min_cores of {min_cores:g}"
+                f"and leave {max(0.0, room):.3g}, under this model's min_cores of {min_cores:g}{beside}"
             )
         cores = max(min_cores, min(cores, room))
         supervisor.reserved_cores += cores

@@ -241,6 +241,8 @@ class Engine:
         self.node: NodeExecutors | None = None  # this node's executors (None on a dispatcher)
         # Models being unloaded (the repository extension): no longer served, their queues draining.
         self.unloading: dict[str, ModelRuntime] = {}
+        # Executors of models being loaded: started and profiled before the dispatch core has them.
+        self._starting: dict[str, SupervisedExecutor] = {}
         # A versioned model's own names (NAME.vN) while its versions load or unload: served under
         # NAME only, they are no client's names meanwhile either.
         self._changing_version_keys: set[str] = set()
@@ -451,6 +453,7 @@ class Engine:
         then hand the model to the dispatch core."""
         for runtime in self.models.values():
             await self._profile_model(runtime)
+            self._join_core(runtime)
         for executor in self.gpu_executors:
             warmed = [f"{n} {_sizes(w['batches'])} in {w['ms']:.0f} ms" for n, w in executor.warmed.items() if w.get("batches")]
             log.info(
@@ -465,7 +468,7 @@ class Engine:
 
     async def _profile_model(self, runtime: ModelRuntime) -> None:
         """Seed the model's latency profiles with a short profiling run on each kind of device that
-        serves it, then hand the model to the dispatch core."""
+        serves it."""
         assert runtime.signature is not None
         if runtime.signature.batchable and runtime.config.max_batch_size > 1:
             checker = next((e for e in runtime.executors if e.ready), None)
@@ -498,6 +501,9 @@ class Engine:
                 runtime.gpu_profile.fixed_ms,
                 " (emulated)" if gpu.emulate else "",
             )
+
+    def _join_core(self, runtime: ModelRuntime) -> None:
+        """Hand the profiled model to the dispatch core."""
         self.core.add_model(
             runtime.name,
             sla_ms=runtime.sla_ms,
@@ -649,33 +655,44 @@ class Engine:
             raise InvalidRequest(f"model '{model.name}': a model loaded at run time is served by its CPU executor")
         if model.name in self.pipelines:
             raise InvalidRequest(PIPELINE_FIXED.format(name=model.name))
-        if model.name in self.models:
-            await self._unload_model(model.name)
+        # A reload, as Triton's: the served model goes on serving while its successor starts and
+        # is profiled, and is unloaded only once that is ready. A reload that fails leaves it as
+        # it was (unloaded first, a model whose file had been replaced by a broken one was
+        # served no more, and its requests got 404).
+        replaced = self.models.get(model.name)
+        if replaced is not None:
+            self._check_unloadable(model.name)
         # Its cores come out of the other models' grants before it starts: the node's grants
         # never add up past its cores while it starts and is profiled (refused, nothing is left).
-        aside = self.control.set_aside(model.cpu.cores, model.cpu.min_cores)
+        aside = self.control.set_aside(model.cpu.cores, model.cpu.min_cores, reloading=replaced is not None)
         runtime = ModelRuntime(config=model, sla_ms=model.sla_ms, executors=[], gpu_executors=[])
-        executor = self.node.cpu_executor(model, self._socket_dir, self._on_executor_change)
-        self.executors[executor.id] = executor
-        self.core.add_executor(executor.id, CPU, model.name)
+        executor = self.node.cpu_executor(model, self._socket_dir, self._on_executor_change, self._free_executor_id(model.name))
         runtime.executors.append(executor)
         executor.cores = aside
+        # Stopped by stop() as the served ones are, yet no executor of the dispatch core's until
+        # the model joins it (a reload's would have taken batches of the model it replaces).
+        self._starting[executor.id] = executor
         try:
             await executor.start()
             runtime.signature = _servable(model.name, executor.signatures[model.name])
             await self._profile_model(runtime)
             if self.stopping:  # its profiling failed quietly when stop() stopped its executor
                 raise ExecutorStartError(f"executor {executor.id} was stopped while it was profiled")
+            if replaced is not None:
+                await self._unload_model(model.name)
         except BaseException as error:
             try:
                 await executor.stop()
             finally:
                 self.control.give_back(aside)  # once its executor has stopped, as an unload's cores
-            self.executors.pop(executor.id, None)
-            self.core.executors.pop(executor.id, None)
+                del self._starting[executor.id]
             if self.stopping and isinstance(error, Exception):  # an executor stopped before it started, say
                 raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503) from None
             raise
+        del self._starting[executor.id]
+        self.executors[executor.id] = executor
+        self.core.add_executor(executor.id, CPU, model.name)
+        self._join_core(runtime)
         now = self.now
         runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
         self.config.models[model.name] = model
@@ -683,8 +700,25 @@ class Engine:
         self.metrics.sla_seconds.labels(model.name).set(model.sla_ms / 1000)
         self.control.add_model(model, set_aside=aside)
         self._carry_out(self.core.set_executor_ready(executor.id, executor.ready, now), model.name)
-        log.info("model %s: loaded (executor %s, pid %s)", model.name, executor.id, executor.pid)
+        done = "reloaded" if replaced is not None else "loaded"
+        log.info("model %s: %s (executor %s, pid %s)", model.name, done, executor.id, executor.pid)
         return runtime
+
+    def _free_executor_id(self, name: str) -> str:
+        """The CPU executor id of model ``name``: ``cpu-NAME``, or ``cpu-NAME~2`` while a reload
+        starts beside the executor that holds it (two of one id would share a socket and cgroup;
+        a model's name has no ``~``)."""
+        first = f"cpu-{name}"
+        return first if first not in self.executors else f"{first}~2"
+
+    def _check_unloadable(self, name: str) -> None:
+        """Refuse (400) to unload ``name`` where it cannot be: a pipeline's step, or a model on the
+        GPUs or a cluster's workers."""
+        users = [p for p, pipeline in self.pipelines.items() if any(s.model == name for s in pipeline.graph.table.steps)]
+        if users:
+            raise InvalidRequest(f"model '{name}' is a step of pipeline(s) {', '.join(users)}: it cannot be unloaded")
+        if self.control is None or self.core.models[name].on_gpus:
+            raise InvalidRequest(f"model '{name}' runs on the GPUs or a cluster's workers: only CPU models unload at run time")
 
     async def _unload_model(self, name: str, timeout_s: float = 30.0) -> None:
         if name in self.versions:
@@ -699,11 +733,7 @@ class Engine:
         runtime = self.models.get(name)
         if runtime is None or name in self.unloading:
             raise InvalidRequest(self.not_served(name, None), status=404)
-        users = [p for p, pipeline in self.pipelines.items() if any(s.model == name for s in pipeline.graph.table.steps)]
-        if users:
-            raise InvalidRequest(f"model '{name}' is a step of pipeline(s) {', '.join(users)}: it cannot be unloaded")
-        if self.control is None or self.core.models[name].on_gpus:
-            raise InvalidRequest(f"model '{name}' runs on the GPUs or a cluster's workers: only CPU models unload at run time")
+        self._check_unloadable(name)
         # Served no more (404), yet kept for the requests already accepted until they end.
         self.unloading[name] = runtime
         try:
@@ -749,7 +779,8 @@ class Engine:
         self._carry_out(self.core.shutdown())
         if self.cluster is not None:
             await self.cluster.stop()
-        await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
+        executors = [*self.executors.values(), *self._starting.values()]
+        await asyncio.gather(*(e.stop() for e in executors), return_exceptions=True)
         if self.docker is not None:
             self.docker.close()
         if self.actuator is not None:

@@ -33,12 +33,18 @@ class NodeExecutors:
     executor_class: Callable[..., SupervisedExecutor] = ProcessExecutor
 
     def cpu_executor(
-        self, model: ModelConfig, socket_dir: Path, on_change: Callable[[str], None] = lambda executor_id: None
+        self,
+        model: ModelConfig,
+        socket_dir: Path,
+        on_change: Callable[[str], None] = lambda executor_id: None,
+        executor_id: str | None = None,
     ) -> SupervisedExecutor:
-        """A model's CPU executor, not started (a model of the config, or one loaded at run time)."""
+        """A model's CPU executor, not started (a model of the config, or one loaded at run time),
+        its id ``cpu-NAME`` unless told another."""
         assert model.cpu is not None
+        executor_id = executor_id or f"cpu-{model.name}"
         return self.executor_class(
-            f"cpu-{model.name}",
+            executor_id,
             {model.name: model.path},
             device="cpu",
             threads=model.cpu.threads,
@@ -46,7 +52,7 @@ class NodeExecutors:
             memory_mb=model.cpu.memory_mb,
             socket_dir=socket_dir,
             actuator=self.actuator,
-            on_change=functools.partial(on_change, f"cpu-{model.name}"),
+            on_change=functools.partial(on_change, executor_id),
         )
 
     @property

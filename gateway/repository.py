@@ -186,7 +186,9 @@ async def load_from_repository(engine: Engine, name: str, override_text: object,
     try:
         await _load(engine, name, found, table, override)
     except InvalidRequest as error:
-        if error.status == 400:  # the model's own failure, the index's reason for it until it loads
+        # The model's own failure, the index's reason for it until it loads; not for one that a
+        # failed reload left served (unloaded later, its reason is the unload).
+        if error.status == 400 and name not in engine.served_names():
             engine.load_failures[name] = str(error)
         raise
     engine.load_failures.pop(name, None)

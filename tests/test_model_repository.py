@@ -646,6 +646,84 @@ def test_a_repository_load_is_refused_what_the_config_refuses(repository):
             shutil.rmtree(folder)
 
 
+def _state(gateway, model: str) -> dict:
+    return requests.get(f"{gateway.base}/admin/models/{model}", headers=ADMIN, timeout=10).json()
+
+
+def test_a_reload_that_fails_leaves_the_model_served_as_it_was(repository):
+    """As Triton's: the model served goes on serving while its successor starts, and a reload
+    that fails leaves it as it was. Unloaded first, a model whose file had been replaced by a
+    broken one was served no more (404) once the reload failed."""
+    base = f"{repository.base}/v2/repository/models/small"
+    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
+    path = repository.folder / "small" / "cnn_small.onnx"
+    good = path.read_bytes()
+    url = f"{repository.base}/v2/models/small/infer"
+    before = requests.post(url, json=SMALL_BODY, timeout=30).json()["outputs"]
+    try:
+        path.write_bytes(b"not an ONNX model")
+        failed = requests.post(f"{base}/load", headers=ADMIN, timeout=60)
+        assert failed.status_code == 400 and "model 'small' failed to load" in failed.json()["error"], failed.text
+        answer = requests.post(url, json=SMALL_BODY, timeout=30)
+        assert answer.status_code == 200 and answer.json()["outputs"] == before, answer.text
+        assert index(repository)["small"] == "READY"
+        executors = [e["id"] for e in _state(repository, "small")["executors"]]
+        assert executors == ["cpu-small"], executors  # its own; the failed one's is gone
+    finally:
+        path.write_bytes(good)
+        requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
+    # Unloaded after it, the model's reason in the index is its unload, not the failed reload.
+    listed = requests.post(f"{repository.base}/v2/repository/index", headers=ADMIN, timeout=10).json()
+    assert next(e["reason"] for e in listed if e["name"] == "small") == "unloaded", listed
+
+
+def test_a_reload_serves_the_model_while_its_successor_starts(repository):
+    """Requests sent while the reload started and profiled the new executor were answered by the
+    one it replaced; unloaded first, they got 404 until the new one was ready."""
+    base = f"{repository.base}/v2/repository/models/small"
+    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
+    answers: list[int] = []
+    done = threading.Event()
+
+    def send() -> None:
+        with requests.Session() as session:
+            while not done.is_set():
+                answers.append(session.post(f"{repository.base}/v2/models/small/infer", json=SMALL_BODY, timeout=30).status_code)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        time.sleep(0.2)
+        began = len(answers)
+        reloaded = requests.post(f"{base}/load", json={"parameters": {"config": '{"sla_ms": 400}'}}, headers=ADMIN, timeout=60)
+        during = answers[began:]
+    finally:
+        done.set()
+        sender.join()
+    try:
+        assert reloaded.status_code == 200, reloaded.text
+        assert during and during.count(200) >= 0.8 * len(during), during
+        assert set(during) <= {200, 404, 503}, during
+        state = _state(repository, "small")
+        assert state["sla_ms"] == 400 and [e["id"] for e in state["executors"]] == ["cpu-small~2"], state
+        assert requests.post(f"{repository.base}/v2/models/small/infer", json=SMALL_BODY, timeout=30).status_code == 200
+    finally:
+        requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
+def test_a_reload_the_nodes_cores_cannot_start_beside_the_model_is_refused_and_leaves_it_served(repository):
+    base = f"{repository.base}/v2/repository/models/small"
+    requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
+    try:
+        override = {"parameters": {"config": json.dumps({"cpu": {"cores": 1.9, "min_cores": 1.9}})}}
+        refused = requests.post(f"{base}/load", json=override, headers=ADMIN, timeout=60)
+        assert refused.status_code == 400 and "unload that first" in refused.json()["error"], refused.text
+        assert requests.post(f"{repository.base}/v2/models/small/infer", json=SMALL_BODY, timeout=30).status_code == 200
+        assert [e["id"] for e in _state(repository, "small")["executors"]] == ["cpu-small"]
+    finally:
+        requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
+
+
 def test_sigterm_waits_for_a_load_in_progress(repository):
     """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
     cut off with no answer; it is drained as a request is."""
