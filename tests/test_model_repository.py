@@ -6,6 +6,7 @@ admin token, and the same calls over gRPC."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import shutil
 import signal
@@ -13,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -77,6 +79,27 @@ cpu = { cores = 0.5, threads = 1 }
 ADMIN = {"Authorization": "Bearer an-admin-token-of-length"}
 
 
+@contextlib.contextmanager
+def _sending(url: str, body: dict) -> Iterator[list[int]]:
+    """One client sending ``body`` to ``url``, a request after each answer, while the block runs:
+    the statuses it got."""
+    statuses: list[int] = []
+    done = threading.Event()
+
+    def send() -> None:
+        with requests.Session() as session:
+            while not done.is_set():
+                statuses.append(session.post(url, json=body, timeout=30).status_code)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        yield statuses
+    finally:
+        done.set()
+        sender.join()
+
+
 def index(gateway) -> dict[str, str]:
     response = requests.post(f"{gateway.base}/v2/repository/index", headers=ADMIN, timeout=10)
     assert response.status_code == 200, response.text
@@ -89,17 +112,7 @@ def test_a_model_is_loaded_served_and_unloaded_while_another_serves(repository, 
     assert index(repository) == {"duo": "UNAVAILABLE", "mlp": "READY", "mlp2": "UNAVAILABLE", "small": "UNAVAILABLE"}
     assert requests.post(f"{base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=10).status_code == 404
 
-    serving: list[int] = []
-    stop = threading.Event()
-
-    def load_on_mlp() -> None:
-        with requests.Session() as session:
-            while not stop.is_set():
-                serving.append(session.post(f"{base}/v2/models/mlp/infer", json=MLP_BODY, timeout=30).status_code)
-
-    thread = threading.Thread(target=load_on_mlp)
-    thread.start()
-    try:
+    with _sending(f"{base}/v2/models/mlp/infer", MLP_BODY) as serving:
         client.load_model("mlp2", headers=ADMIN)
         assert client.is_model_ready("mlp2")
         assert index(repository)["mlp2"] == "READY"
@@ -125,9 +138,6 @@ def test_a_model_is_loaded_served_and_unloaded_while_another_serves(repository, 
         client.unload_model("mlp2", headers=ADMIN)
         for sender in senders:
             sender.join()
-    finally:
-        stop.set()
-        thread.join()
     assert len(in_flight) == 160
     statuses = {status for status, _ in in_flight}
     assert statuses <= {200, 404, 503} and 404 in statuses, statuses
@@ -682,24 +692,11 @@ def test_a_reload_serves_the_model_while_its_successor_starts(repository):
     one it replaced; unloaded first, they got 404 until the new one was ready."""
     base = f"{repository.base}/v2/repository/models/small"
     requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
-    answers: list[int] = []
-    done = threading.Event()
-
-    def send() -> None:
-        with requests.Session() as session:
-            while not done.is_set():
-                answers.append(session.post(f"{repository.base}/v2/models/small/infer", json=SMALL_BODY, timeout=30).status_code)
-
-    sender = threading.Thread(target=send)
-    sender.start()
-    try:
+    with _sending(f"{repository.base}/v2/models/small/infer", SMALL_BODY) as answers:
         time.sleep(0.2)
         began = len(answers)
         reloaded = requests.post(f"{base}/load", json={"parameters": {"config": '{"sla_ms": 400}'}}, headers=ADMIN, timeout=60)
         during = answers[began:]
-    finally:
-        done.set()
-        sender.join()
     try:
         assert reloaded.status_code == 200, reloaded.text
         assert during and during.count(200) >= 0.8 * len(during), during
