@@ -57,6 +57,11 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 _V1_PROBE = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes"}
 
 
+# Far under a microsecond, far over the error of a product of cores and a period (0.29 core of
+# 100,000 us is 28,999.999999999996 in floats).
+FLOAT_ERROR_US = 1e-6
+
+
 def cfs_bandwidth(cores: float, period_us: int) -> tuple[int, int]:
     """The CFS quota and period, in us, that enforce ``cores`` at ``period_us``: that period, or
     for a grant whose quota would be under the kernel's 1 ms there, the period that the 1 ms
@@ -65,7 +70,9 @@ def cfs_bandwidth(cores: float, period_us: int) -> tuple[int, int]:
         # Compared before dividing: 1 ms over a grant of a few denormal cores is infinite.
         longest = cores <= MIN_QUOTA_US / MAX_CFS_PERIOD_US
         period_us = max(period_us, MAX_CFS_PERIOD_US if longest else math.ceil(MIN_QUOTA_US / cores))
-    return max(MIN_QUOTA_US, round(cores * period_us)), period_us
+    # Rounded down (but for a float's error): rounded to nearest, three grants of 2/3 core that
+    # filled a node of 2 were enforced as 2.0001.
+    return max(MIN_QUOTA_US, math.floor(cores * period_us + FLOAT_ERROR_US)), period_us
 
 
 def quota_cores(cores: float, period_us: int) -> float:

@@ -211,6 +211,15 @@ def test_the_cfs_bandwidth_keeps_the_period_where_the_quota_fits_it():
     assert quota_cores(0.005, 10_000) == pytest.approx(0.01)
 
 
+def test_quotas_that_fill_the_node_add_up_to_no_more_than_its_cores():
+    """Rounded to nearest, three grants of 2/3 core on a node of 2 were enforced as 2.0001."""
+    assert cfs_bandwidth(2 / 3, 100_000) == (66_666, 100_000)
+    assert sum(quota_cores(cores, 100_000) for cores in [2 / 3] * 3) <= 2.0
+    assert sum(quota_cores(cores, 10_000) for cores in [2 / 7] * 7) <= 2.0
+    # A product just under a whole microsecond in floats is that microsecond, not one less.
+    assert 0.29 * 100_000 < 29_000 and cfs_bandwidth(0.29, 100_000) == (29_000, 100_000)
+
+
 def test_cpu_affinity_counts_the_whole_cpus_it_pins(sleeper):
     actuator = AffinityActuator()
     available = len(psutil.Process().cpu_affinity())
