@@ -387,6 +387,11 @@ class Engine:
             log.info("pipeline %s: steps %s, SLA %g ms", name, " -> ".join(self.pipelines[name].graph.order), table.sla_ms)
         await self._profile()
         self._profiled = True
+        # Every model's and pipeline's series on /metrics from the start, at 0, as Triton shows a
+        # loaded model's counters: one of the config had none until its first request, where a
+        # model loaded at run time had them from its load.
+        for name in [*self.models, *self.pipelines]:
+            self.metrics.for_model(name)
         for gpu in self.gpu_executors:  # one that came up while the models were being profiled
             if gpu.ready:
                 self._profile_late_gpu(gpu)

@@ -104,6 +104,10 @@ def test_stats_and_metrics_count_what_was_served_and_refused(tmp_models):
     config = write_config(tmp_models / "config.toml", {"mlp": {"path": "mlp.onnx", "sla_ms": 200, "max_batch_size": 16}})
     with run_gateway(config) as gateway:
         assert "statistics" in requests.get(gateway.base + "/v2", timeout=5).json()["extensions"]
+        # Before its first request the model's series are there, at 0 (they were absent).
+        before = gateway.metrics()
+        for series in ("gateway_requests_received_total", "gateway_requests_in_flight"):
+            assert f'{series}{{model="mlp"}} 0.0' in before, series
         rows = [1, 2, 3] * 20
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda r: _send(gateway.url, r), rows))
