@@ -570,6 +570,11 @@ class Engine:
         if model.name in self._version_keys():
             owner = next((n for n, keys in self.versions.items() if model.name in keys.values()), "being loaded")
             raise InvalidRequest(f"'{model.name}' is the name of a version of model '{owner}': rename the model")
+        if model.name in self.versions:
+            # Served in versions until now (its folder has a config.toml now, say): they are
+            # unloaded first, as before versions load. Left, they went on serving its name beside
+            # a runtime of that name that no request reached.
+            await self._unload_model(model.name)
         return await self._load_model(model)
 
     async def _unload_named_model(self, name: str, timeout_s: float) -> None:
@@ -685,6 +690,10 @@ class Engine:
                 raise ExecutorStartError(f"executor {executor.id} was stopped while it was profiled")
             if replaced is not None:
                 await self._unload_model(model.name)
+                # stop() came while the model it replaces drained: its executor is stopped too
+                # (joined after stop(), the model was answered 200 and served by no one).
+                if self.stopping:
+                    raise ExecutorStartError(f"executor {executor.id} was stopped while the model it replaces was unloaded")
         except BaseException as error:
             try:
                 await executor.stop()

@@ -177,7 +177,9 @@ async def load_from_repository(engine: Engine, name: str, override_text: object,
         table = found.table()
     elif current is not None or name in engine.file_models:
         model = current.config if current is not None else engine.file_models[name]
-        table = {"path": str(model.path), "sla_ms": model.sla_ms, "max_batch_size": model.max_batch_size}
+        # The SLA served: one the admin API set since (PUT /admin/models/NAME/sla) is kept.
+        sla_ms = current.sla_ms if current is not None else model.sla_ms
+        table = {"path": str(model.path), "sla_ms": sla_ms, "max_batch_size": model.max_batch_size}
     elif name in engine.pipelines:
         raise InvalidRequest(PIPELINE_FIXED.format(name=name))
     else:

@@ -721,6 +721,38 @@ def test_a_reload_the_nodes_cores_cannot_start_beside_the_model_is_refused_and_l
         requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
 
 
+def test_a_reload_keeps_the_sla_the_admin_api_set(repository):
+    """README: a reload of a model of the config keeps its SLA: the one served, which the admin
+    API may have set since (it went back to the config's)."""
+    sla = f"{repository.base}/admin/models/mlp/sla"
+    requests.put(sla, json={"sla_ms": 77}, headers=ADMIN, timeout=10).raise_for_status()
+    try:
+        requests.post(f"{repository.base}/v2/repository/models/mlp/load", headers=ADMIN, timeout=60).raise_for_status()
+        assert _state(repository, "mlp")["sla_ms"] == 77
+    finally:
+        requests.put(sla, json={"sla_ms": 200}, headers=ADMIN, timeout=10).raise_for_status()
+
+
+def test_a_versioned_model_reloaded_as_one_model_is_served_as_that_one_alone(repository):
+    """Its folder given a config.toml, the model served in versions is loaded as one model: the
+    versions were left serving its name beside a runtime that no request reached, and an unload
+    then left that runtime behind."""
+    base = f"{repository.base}/v2/repository/models/duo"
+    requests.post(f"{base}/load", headers=ADMIN, timeout=120).raise_for_status()
+    settings = repository.folder / "duo" / "config.toml"
+    settings.write_text('path = "1/model.onnx"\nsla_ms = 70\n')
+    try:
+        requests.post(f"{base}/load", headers=ADMIN, timeout=120).raise_for_status()
+        listed = requests.get(f"{repository.base}/admin/models", headers=ADMIN, timeout=10).json()["models"]
+        assert sorted(m["name"] for m in listed) == ["duo", "mlp"], listed
+        answer = requests.post(f"{repository.base}/v2/models/duo/infer", json=MLP_BODY, timeout=30).json()
+        assert answer["parameters"]["executor"] == "cpu-duo", answer
+        requests.post(f"{base}/unload", headers=ADMIN, timeout=60).raise_for_status()
+        assert requests.post(f"{repository.base}/v2/models/duo/infer", json=MLP_BODY, timeout=30).status_code == 404
+    finally:
+        settings.unlink()
+
+
 def test_sigterm_waits_for_a_load_in_progress(repository):
     """The last test of the module: it stops the gateway. A load under way when SIGTERM came was
     cut off with no answer; it is drained as a request is."""
@@ -772,3 +804,33 @@ def test_a_load_the_drain_cuts_short_is_answered_503(tmp_path, example_models):
     assert answers[0].status_code == 503, answers[0].text
     assert "model 'slow' was not loaded" in answers[0].json()["error"]
     assert "model slow: loaded" not in gateway.output()
+
+
+def test_a_reload_the_drain_cuts_short_while_its_model_drains_is_answered_503(tmp_path, example_models):
+    """stop() came while the model being replaced drained its queue: the reload was answered 200
+    and its stopped executor joined the dispatch core after the engine had stopped."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    (tmp_path / "config.toml").write_text(
+        '[server]\ndrain_timeout_s = 0.5\n[node]\ncpu_cores = 2\n[models.mlp]\npath = "mlp.onnx"\nsla_ms = 20\n'
+        "max_batch_size = 32\ncpu = { cores = 1.0, threads = 1 }\n"
+    )
+    rows = json.dumps({"inputs": [{"name": "x", "shape": [32, 512], "datatype": "FP32", "data": [0.25] * 32 * 512}]})
+    with run_gateway(tmp_path / "config.toml") as gateway:
+        # A fiftieth of a core and a queue of batches of 32 rows: seconds of draining.
+        requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": 0.02}, timeout=10).raise_for_status()
+        with concurrent.futures.ThreadPoolExecutor(61) as pool:
+            infers = [pool.submit(requests.post, f"{gateway.base}/v2/models/mlp/infer", data=rows, timeout=60) for _ in range(60)]
+            time.sleep(1.0)
+            reload = pool.submit(requests.post, f"{gateway.base}/v2/repository/models/mlp/load", timeout=60)
+            wait_for(
+                lambda: requests.get(f"{gateway.base}/v2/models/mlp/ready", timeout=5).status_code == 404,
+                30,
+                "the reload unloading the model it replaces",
+            )
+            gateway.process.send_signal(signal.SIGTERM)
+            answer = reload.result()
+            statuses = {infer.result().status_code for infer in infers}
+        assert gateway.process.wait(timeout=30) == 0
+    assert answer.status_code == 503 and "model 'mlp' was not loaded" in answer.json()["error"], answer.text
+    assert "model mlp: reloaded" not in gateway.output()
+    assert statuses <= {200, 503}, statuses
