@@ -243,6 +243,8 @@ class Engine:
         self.unloading: dict[str, ModelRuntime] = {}
         # Executors of models being loaded: started and profiled before the dispatch core has them.
         self._starting: dict[str, SupervisedExecutor] = {}
+        # Models whose reload is swapping the model it replaces for its successor: set when done.
+        self._swaps: dict[str, asyncio.Event] = {}
         # A versioned model's own names (NAME.vN) while its versions load or unload: served under
         # NAME only, they are no client's names meanwhile either.
         self._changing_version_keys: set[str] = set()
@@ -689,6 +691,9 @@ class Engine:
             if self.stopping:  # its profiling failed quietly when stop() stopped its executor
                 raise ExecutorStartError(f"executor {executor.id} was stopped while it was profiled")
             if replaced is not None:
+                # The swap: requests that arrive while the model it replaces drains wait for the
+                # successor (``settled``); they got 404.
+                self._swaps[model.name] = asyncio.Event()
                 await self._unload_model(model.name)
                 # stop() came while the model it replaces drained: its executor is stopped too
                 # (joined after stop(), the model was answered 200 and served by no one).
@@ -700,6 +705,7 @@ class Engine:
             finally:
                 self.control.give_back(aside)  # once its executor has stopped, as an unload's cores
                 del self._starting[executor.id]
+                self._end_swap(model.name)
             if self.stopping and isinstance(error, Exception):  # an executor stopped before it started, say
                 raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503) from None
             raise
@@ -714,9 +720,22 @@ class Engine:
         self.metrics.sla_seconds.labels(model.name).set(model.sla_ms / 1000)
         self.control.add_model(model, set_aside=aside)
         self._carry_out(self.core.set_executor_ready(executor.id, executor.ready, now), model.name)
+        self._end_swap(model.name)
         done = "reloaded" if replaced is not None else "loaded"
         log.info("model %s: %s (executor %s, pid %s)", model.name, done, executor.id, executor.pid)
         return runtime
+
+    def _end_swap(self, name: str) -> None:
+        swap = self._swaps.pop(name, None)
+        if swap is not None:
+            swap.set()
+
+    async def settled(self, name: str) -> None:
+        """Wait while a reload swaps model ``name``: the model it replaces draining (unloading),
+        its successor not yet served. A request that arrives then is served by the successor."""
+        swap = self._swaps.get(name)
+        if swap is not None:
+            await swap.wait()
 
     def _free_executor_id(self, name: str) -> str:
         """The CPU executor id of model ``name``: ``cpu-NAME``, or ``cpu-NAME~2`` while a reload

@@ -343,6 +343,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):  # noqa: N802
         # Triton's ModelIsReady: a model (or version) not served is not ready, no error; tritonclient's
         # is_model_ready polled after an unload raised NOT_FOUND where it returns False (as over HTTP).
+        await self.engine.settled(request.name)
         runtime = self.engine.served(request.name, request.version or None)
         return service_pb2.ModelReadyResponse(ready=runtime is not None and runtime.ready and not self.handlers.draining)
 
@@ -511,6 +512,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """``_infer`` on the model the request names, then its request-log line and its spans
         (``metadata`` carries its caller's trace context), answered, refused or left."""
         try:
+            await self.engine.settled(request.model_name)  # a reload's swap, as over HTTP
             runtime = self.engine.served(request.model_name, request.model_version or None)
             if runtime is None:
                 raise Refused(404, self.engine.not_served(request.model_name, request.model_version or None))
@@ -606,6 +608,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _runtime(self, name: str, version: str, context) -> Any:
         engine = self.engine
+        await engine.settled(name)
         runtime = engine.served(name, version or None)
         if runtime is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, engine.not_served(name, version or None))

@@ -335,6 +335,12 @@ class Handlers:
             raise InvalidRequest(self.engine.not_served(name, version), status=404)
         return runtime
 
+    async def _settled_runtime(self, request: web.Request) -> ModelRuntime:
+        """``_runtime``, once a reload of the model has swapped it for its successor: a request that
+        came while the model it replaces drained got 404, though the model was served before and after."""
+        await self.engine.settled(request.match_info["model"])
+        return self._runtime(request)
+
     def _model(self, request: web.Request) -> ModelRuntime:
         """The model the admin path names: by a name GET /admin/models lists (a version's own
         ``NAME.vN`` too: each version has its SLA, cores and executors), else as clients name it
@@ -363,7 +369,7 @@ class Handlers:
 
     async def model_stats(self, request: web.Request) -> web.Response:
         # Without a version in the path, Triton answers with every version of the model.
-        runtime = self._runtime(request)
+        runtime = await self._settled_runtime(request)
         every_version = "version" not in request.match_info
         return web.json_response({"model_stats": self.engine.triton_statistics(runtime, every_version)})
 
@@ -378,7 +384,7 @@ class Handlers:
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def model_metadata(self, request: web.Request) -> web.Response:
-        runtime = self._runtime(request)
+        runtime = await self._settled_runtime(request)
         signature = runtime.signature
         assert signature is not None
         return web.json_response(
@@ -392,13 +398,13 @@ class Handlers:
         )
 
     async def model_ready(self, request: web.Request) -> web.Response:
-        runtime = self._runtime(request)
+        runtime = await self._settled_runtime(request)
         ready = runtime.ready and not self.draining
         return web.json_response({"name": runtime.served_name, "ready": ready}, status=200 if ready else 503)
 
     async def model_config(self, request: web.Request) -> web.Response:
         """Triton's model configuration, which perf_analyzer reads before it sends anything."""
-        return web.json_response(self.triton_config(self._runtime(request)))
+        return web.json_response(self.triton_config(await self._settled_runtime(request)))
 
     @staticmethod
     def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
@@ -444,7 +450,7 @@ class Handlers:
         # time.perf_counter, as every timestamp of the engine: uvloop's loop.time() has 1 ms
         # resolution and stands still within a loop iteration.
         arrival = time.perf_counter()
-        runtime = self._runtime(request)
+        runtime = await self._settled_runtime(request)
         self.engine.received(runtime)
         outcome, result = "internal_error", None
         record = record_of(request)
