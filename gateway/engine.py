@@ -709,21 +709,27 @@ class Engine:
             if self.stopping and isinstance(error, Exception):  # an executor stopped before it started, say
                 raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503) from None
             raise
+        try:
+            self._serve(runtime, executor, aside)
+        finally:
+            self._end_swap(model.name)  # whatever happened, no request waits for the swap past it
+        done = "reloaded" if replaced is not None else "loaded"
+        log.info("model %s: %s (executor %s, pid %s)", model.name, done, executor.id, executor.pid)
+        return runtime
+
+    def _serve(self, runtime: ModelRuntime, executor: SupervisedExecutor, aside: float) -> None:
+        """A loaded model's executor to the dispatch core, its model to the core and the control."""
+        model, now = runtime.config, self.now
         del self._starting[executor.id]
         self.executors[executor.id] = executor
         self.core.add_executor(executor.id, CPU, model.name)
         self._join_core(runtime)
-        now = self.now
         runtime.core_meters[executor.id] = CoreMeter(executor.enforced_cores, now)
         self.config.models[model.name] = model
         self.models[model.name] = runtime
         self.metrics.sla_seconds.labels(model.name).set(model.sla_ms / 1000)
         self.control.add_model(model, set_aside=aside)
         self._carry_out(self.core.set_executor_ready(executor.id, executor.ready, now), model.name)
-        self._end_swap(model.name)
-        done = "reloaded" if replaced is not None else "loaded"
-        log.info("model %s: %s (executor %s, pid %s)", model.name, done, executor.id, executor.pid)
-        return runtime
 
     def _end_swap(self, name: str) -> None:
         swap = self._swaps.pop(name, None)
