@@ -159,6 +159,11 @@ class ExecutorState:
         return now if last is None else max(now, last.expected_end)
 
 
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds for a message, to the microsecond (1 us was 0.000999993 ms)."""
+    return f"{round(seconds * 1000, 3):g}"
+
+
 def _stacking(requests: Sequence[Request]) -> Iterator[Request]:
     """The leading requests whose inputs stack with the first's (its batch key): one batch."""
     first_key = requests[0].batch_key
@@ -422,6 +427,12 @@ class DispatchCore:
         if own_timeout and own_timeout < timeout_s:  # Triton reads 0 as no timeout of the client's own
             timeout_s = own_timeout
         request.timeout_at = timeout_at = request.arrival + timeout_s
+        if timeout_at <= now + EPSILON_S:
+            # Its timeout passed before it reached the queue (its body was still arriving, or a
+            # timeout of 1 us): queued, an idle executor ran it and the result was discarded.
+            request.state = ENDED
+            message = f"timed out after {_ms(timeout_s)} ms, before it reached the queue; it was not run"
+            return [Fail((request,), 504, "timeout", message)]
         request.state = QUEUED
         heapq.heappush(self._timeouts, (timeout_at, request.id, request))
         if len(self._timeouts) >= self._timeouts_compact_at:
@@ -552,8 +563,8 @@ class DispatchCore:
             else:
                 where = "while its batch ran; the result is discarded"
             request.state = ENDED
-            waited_ms = (request.timeout_at - request.arrival) * 1000
-            actions.append(Fail((request,), 504, "timeout", f"timed out after {waited_ms:g} ms {where}"))
+            waited = _ms(request.timeout_at - request.arrival)
+            actions.append(Fail((request,), 504, "timeout", f"timed out after {waited} ms {where}"))
         return actions + self._pump(now)
 
     def cancel(self, request: Request, now: float) -> list[Action]:

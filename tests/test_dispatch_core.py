@@ -120,6 +120,18 @@ def test_a_queued_request_times_out_and_is_never_run():
     assert not of(core.set_executor_ready("cpu-m", True, 0.06), Start)
 
 
+def test_a_request_whose_timeout_passed_before_it_reached_the_queue_is_never_run():
+    """Queued with its timeout already past, an idle executor started it and its result was
+    discarded (the next request waited behind work no one would get)."""
+    core = core_with()
+    late = Request(1, "m", 0.0, timeout_s=1e-6)  # 1 us: past once its body was read
+    (fail,) = core.on_arrival(late, 0.002)
+    assert (fail.requests, fail.status, fail.outcome) == ((late,), 504, "timeout")
+    assert fail.message == "timed out after 0.001 ms, before it reached the queue; it was not run"
+    (start,) = of(core.on_arrival(Request(2, "m", 0.003), 0.003), Start)  # the executor is free
+    assert [r.id for r in start.batch.requests] == [2]
+
+
 class Inputs:
     """A request's payload, as the engine's parsed request would be (weakly referable)."""
 
