@@ -738,10 +738,14 @@ class Engine:
 
     async def settled(self, name: str) -> None:
         """Wait while a reload swaps model ``name``: the model it replaces draining (unloading),
-        its successor not yet served. A request that arrives then is served by the successor."""
+        its successor not yet served. A request that arrives then is served by the successor;
+        where the gateway's shutdown cut the reload short, it is refused 503 (it got 404, "unknown
+        model", for a model served until the shutdown)."""
         swap = self._swaps.get(name)
         if swap is not None:
             await swap.wait()
+            if self.stopping:
+                raise InvalidRequest(f"the gateway is shutting down: model '{name}' was being reloaded", 503)
 
     def _free_executor_id(self, name: str) -> str:
         """The CPU executor id of model ``name``: ``cpu-NAME``, or ``cpu-NAME~2`` while a reload

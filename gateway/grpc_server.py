@@ -343,7 +343,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):  # noqa: N802
         # Triton's ModelIsReady: a model (or version) not served is not ready, no error; tritonclient's
         # is_model_ready polled after an unload raised NOT_FOUND where it returns False (as over HTTP).
-        await self.engine.settled(request.name)
+        try:
+            await self.engine.settled(request.name)
+        except InvalidRequest:  # shutting down
+            return service_pb2.ModelReadyResponse(ready=False)
         runtime = self.engine.served(request.name, request.version or None)
         return service_pb2.ModelReadyResponse(ready=runtime is not None and runtime.ready and not self.handlers.draining)
 
@@ -511,12 +514,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.ModelInferResponse:
         """``_infer`` on the model the request names, then its request-log line and its spans
         (``metadata`` carries its caller's trace context), answered, refused or left."""
+        # Taken before a reload's swap is waited out: its timeout and response time count the
+        # wait, as HTTP's do (taken after, a request past its timeout was served).
+        arrival = time.perf_counter()
         try:
-            await self.engine.settled(request.model_name)  # a reload's swap, as over HTTP
+            try:
+                await self.engine.settled(request.model_name)  # a reload's swap, as over HTTP
+            except InvalidRequest as error:
+                raise Refused(error.status, str(error)) from None
             runtime = self.engine.served(request.model_name, request.model_version or None)
             if runtime is None:
                 raise Refused(404, self.engine.not_served(request.model_name, request.model_version or None))
-            response = await self._infer(runtime, request, record)
+            response = await self._infer(runtime, request, record, arrival)
             record.status, record.rpc_code = 200, grpc.StatusCode.OK.value[0]
             return response
         except Refused as refused:
@@ -534,12 +543,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             report(record, self.tracer, metadata)
 
     async def _infer(
-        self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest, record: RequestRecord
+        self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest, record: RequestRecord, arrival: float
     ) -> service_pb2.ModelInferResponse:
-        """One request, served and accounted for as HTTP's are, its phases noted in ``record``;
-        a Refused with its code otherwise."""
+        """One request, arrived at ``arrival``, served and accounted for as HTTP's are, its phases
+        noted in ``record``; a Refused with its code otherwise."""
         engine = self.engine
-        arrival = time.perf_counter()
         engine.received(runtime)
         outcome, result = "internal_error", None
         try:
@@ -608,7 +616,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _runtime(self, name: str, version: str, context) -> Any:
         engine = self.engine
-        await engine.settled(name)
+        try:
+            await engine.settled(name)
+        except InvalidRequest as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         runtime = engine.served(name, version or None)
         if runtime is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, engine.not_served(name, version or None))

@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.cluster import wait_for
-from tests.helpers import free_port, run_gateway
+from tests.helpers import busy_model, free_port, run_gateway
 
 MLP_BODY = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.25] * 512}]}
 
@@ -830,15 +830,54 @@ def test_a_reload_the_drain_cuts_short_while_its_model_drains_is_answered_503(tm
     with run_gateway(tmp_path / "config.toml") as gateway:
         # A fiftieth of a core and a queue of batches of 32 rows: seconds of draining.
         requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": 0.02}, timeout=10).raise_for_status()
-        with concurrent.futures.ThreadPoolExecutor(61) as pool:
+        with concurrent.futures.ThreadPoolExecutor(62) as pool:
             infers = [pool.submit(requests.post, f"{gateway.base}/v2/models/mlp/infer", data=rows, timeout=60) for _ in range(60)]
             time.sleep(1.0)
             reload = pool.submit(requests.post, f"{gateway.base}/v2/repository/models/mlp/load", timeout=60)
             wait_for(lambda: index(gateway)["mlp"] == "UNLOADING", 30, "the reload unloading the model it replaces")
+            waiting = pool.submit(requests.post, f"{gateway.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=60)
+            time.sleep(0.2)  # in the swap, waiting for the successor
             gateway.process.send_signal(signal.SIGTERM)
             answer = reload.result()
             statuses = {infer.result().status_code for infer in infers}
+            waited = waiting.result()
         assert gateway.process.wait(timeout=30) == 0
     assert answer.status_code == 503 and "model 'mlp' was not loaded" in answer.json()["error"], answer.text
+    # The request that waited for the swap: 503, the gateway shutting down (it got 404, "unknown model").
+    assert waited.status_code == 503 and "shutting down" in waited.json()["error"], waited.text
     assert "model mlp: reloaded" not in gateway.output()
     assert statuses <= {200, 503}, statuses
+
+
+def test_a_request_that_waits_out_a_swap_counts_the_wait_in_its_timeout(tmp_path):
+    """Over gRPC the request's clock began after the wait: one past its timeout was served (5.6 s
+    for a timeout of 500 ms). Over HTTP it timed out, but was run and its result discarded."""
+    busy_model(tmp_path / "busy.onnx")  # about 16 ms of CPU a row
+    (tmp_path / "config.toml").write_text(
+        '[node]\ncpu_cores = 2\n[control]\npolicy = "fixed"\n[models.busy]\npath = "busy.onnx"\nsla_ms = 5000\n'
+        "cpu = { cores = 1.0, threads = 1 }\n"
+    )
+    rows = json.dumps({"inputs": [{"name": "x", "shape": [8, 1, 8, 8], "datatype": "FP32", "data": [0.25] * 8 * 64}]})
+    one = {"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.25] * 64}
+    timed = {"inputs": [one], "parameters": {"timeout": 100_000}}  # 100 ms, in us as Triton's
+    port = free_port()
+    with run_gateway(tmp_path / "config.toml", args=["--grpc-port", str(port)]) as gateway:
+        base = gateway.base
+        # A fifth of a core and four requests of 8 rows queued: a swap of seconds.
+        requests.put(f"{base}/admin/models/busy/cores", json={"cores": 0.2}, timeout=10).raise_for_status()
+        tensor = triton_grpc.InferInput("x", [1, 1, 8, 8], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 1, 8, 8), 0.25, dtype=np.float32))
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            queued = [pool.submit(requests.post, f"{base}/v2/models/busy/infer", data=rows, timeout=120) for _ in range(4)]
+            time.sleep(0.3)
+            reloaded = pool.submit(requests.post, f"{base}/v2/repository/models/busy/load", timeout=120)
+            wait_for(lambda: index(gateway)["busy"] == "UNLOADING", 60, "the swap")
+            over_http = pool.submit(requests.post, f"{base}/v2/models/busy/infer", json=timed, timeout=60)
+            with pytest.raises(InferenceServerException) as over_grpc:
+                triton_grpc.InferenceServerClient(f"127.0.0.1:{port}").infer("busy", [tensor], timeout=100_000)
+            assert over_grpc.value.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED), over_grpc.value
+            assert "before it reached the queue; it was not run" in over_grpc.value.message()
+            answer = over_http.result()
+            assert answer.status_code == 504 and "before it reached the queue" in answer.json()["error"], answer.text
+            assert reloaded.result().status_code == 200
+            assert {q.result().status_code for q in queued} == {200}  # the model it replaced served them all
