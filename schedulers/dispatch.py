@@ -42,7 +42,7 @@ from schedulers.candidate import hopeless_count
 from schedulers.cpu_batch import cpu_batch_rows, dispatch_due, planned_batch_rows
 from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, batches_ms, gpu_can_finish
 from schedulers.gpu_memory import GpuMemory, Load
-from schedulers.priority import position
+from schedulers.priority import position, was_ahead
 from schedulers.profiles import LatencyProfile
 from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
 from schedulers.round_robin import RandomRoundRobin
@@ -1096,13 +1096,17 @@ class DispatchCore:
         return True
 
     def _put_back(self, batch: Batch, now: float) -> None:
-        """The live requests of a batch that did not run go back to their queue, in arrival order."""
+        """The live requests of a batch that did not run go back to their places in its queue."""
         state = self.models[batch.model]
         returned = [r for r in batch.requests if r.state != ENDED]
         for request in returned:
             request.state, request.dispatched = QUEUED, None
         if returned:
-            state.queue.put_back(returned)
+            if state.priority_levels > 1:
+                bound_s = state.priority_bound_s
+                state.queue.put_back(returned, lambda request, queued: was_ahead(request, queued, bound_s))
+            else:
+                state.queue.put_back(returned)
             # The head may be a request watched before it was sent, whose refusal entry left the
             # heap while it ran: watch it anew, or nothing would refuse it before its timeout.
             state.watched = None

@@ -11,7 +11,8 @@ A client's own deadline (its ``timeout``, where tighter than the SLA) does not m
 ahead: a tight timeout would otherwise buy a place in the queue. The deadline is the request's
 in admission and in the GPU's batch, which ends by its earliest deadline (candidate.py).
 
-Pure: the dispatch core calls ``position`` with the queue and inserts there.
+Pure: the dispatch core calls ``position`` with the queue and inserts there, and ``was_ahead``
+where it puts back the requests of a batch that never ran.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ from schedulers.request import Request
 def goes_ahead(request: Request, waiting: Request, now: float, bound_s: float) -> bool:
     """Whether ``request``, arriving at ``now``, is queued ahead of ``waiting``."""
     return request.priority < waiting.priority and now - waiting.arrival < bound_s
+
+
+def was_ahead(returned: Request, queued: Request, bound_s: float) -> bool:
+    """Whether ``returned`` (taken out in a batch that never ran, and put back) was ahead of
+    ``queued``: as ``goes_ahead`` placed the later of the two at its arrival."""
+    if (returned.arrival, returned.id) < (queued.arrival, queued.id):
+        return not goes_ahead(queued, returned, queued.arrival, bound_s)
+    return goes_ahead(returned, queued, returned.arrival, bound_s)
 
 
 def position(queue: Sequence[Request], request: Request, now: float, bound_s: float) -> int:

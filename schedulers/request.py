@@ -9,7 +9,7 @@ never look at it, so the simulator runs them with none.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,12 +85,16 @@ class RequestQueue(collections.deque):
         self.arrival_sum = self.arrival_sum - request.arrival if self else 0.0
         return request
 
-    def put_back(self, requests: Iterable[Request]) -> None:
-        """Return requests taken out (a batch that never ran) to their places in arrival order."""
-        merged = sorted([*self, *requests], key=lambda r: (r.arrival, r.id))
-        self.clear()
-        for request in merged:
-            self.append(request)
+    def put_back(self, requests: Iterable[Request], ahead: Callable[[Request, Request], bool] | None = None) -> None:
+        """Return requests taken out (a batch that never ran) to their places: each ahead of the
+        first queued request it was ahead of (``ahead(returned, queued)``; arrival order by
+        default, a FIFO queue's). The order of those queued is kept: sorted by arrival, the
+        whole queue lost the order its priorities had given it."""
+        if ahead is None:
+            ahead = _arrived_first
+        for request in requests:
+            index = next((i for i, queued in enumerate(self) if ahead(request, queued)), len(self))
+            self.insert(index, request)
 
     def remove(self, request: Request) -> None:
         _remove(self, request)
@@ -106,6 +110,10 @@ class RequestQueue(collections.deque):
 
     def __repr__(self) -> str:
         return f"RequestQueue({list(self)!r})"
+
+
+def _arrived_first(request: Request, other: Request) -> bool:
+    return (request.arrival, request.id) < (other.arrival, other.id)
 
 
 _append, _appendleft, _insert = collections.deque.append, collections.deque.appendleft, collections.deque.insert

@@ -13,7 +13,7 @@ from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Start
 from schedulers.gpu import GpuScheduler
 from schedulers.priority import position
 from schedulers.profiles import LatencyProfile
-from schedulers.request import Request
+from schedulers.request import Request, RequestQueue
 from schedulers.round_robin import RandomRoundRobin
 
 
@@ -139,3 +139,30 @@ def test_a_gpu_batch_ends_by_its_earliest_deadline_not_its_heads():
     # would allow it; the batch is cut to the head, and request 2 waits for the next one.
     (after,) = [a for a in core.on_batch_done(start.batch, 20.0, 0.020) if isinstance(a, Start)]
     assert [r.id for r in after.batch.requests] == [3]
+
+
+def test_a_batch_put_back_returns_to_its_place_and_the_levels_keep_theirs():
+    """Put back (a GPU's late action), the batch's request was sorted with the whole queue by
+    arrival: the level-1 request queued ahead of two level-2 ones went behind them."""
+    core = DispatchCore(
+        cpu_scheduler=RandomRoundRobin(random.Random(0)), gpu_scheduler=GpuScheduler("work_conserving"), request_timeout_s=60
+    )
+    core.add_executor("gpu-0", GPU)
+    core.add_model(
+        "m", sla_ms=1000, max_batch=1, max_queue_size=100, drop_late=True, gpu_profile=LatencyProfile(0.0, 10.0),
+        priority_levels=2, priority_bound_ms=10_000,
+    )  # fmt: skip
+    core.set_executor_ready("gpu-0", True, 0.0)
+    (start,) = [a for a in core.on_arrival(Request(1, "m", 0.0, priority=2), 0.0) if isinstance(a, Start)]
+    for i, level in ((2, 2), (3, 2), (4, 1)):
+        core.on_arrival(Request(i, "m", 0.001 * i, priority=level), 0.001 * i)
+    assert [r.id for r in core.models["m"].queue] == [4, 2, 3]
+    (again,) = [a for a in core.on_batch_late(start.batch, 0.005) if isinstance(a, Start)]
+    # Request 1 (level 2) goes back ahead of the level-2 requests that came after it, and behind
+    # request 4, which went ahead of every level-2 request waiting when it came: 4 runs next.
+    assert [r.id for r in again.batch.requests] == [4]
+    assert [r.id for r in core.models["m"].queue] == [1, 2, 3]
+    # With one level, the queue is FIFO: back to the head.
+    fifo = RequestQueue.of([Request(5, "m", 0.2), Request(6, "m", 0.3)])
+    fifo.put_back([Request(3, "m", 0.1)])
+    assert [r.id for r in fifo] == [3, 5, 6] and fifo.rows == 3
