@@ -107,6 +107,28 @@ def test_a_request_no_device_can_finish_is_refused_at_admission():
     assert "45.0 ms" in fail.message  # the fastest device's l(1)
 
 
+def test_a_refusal_names_what_made_the_request_late():
+    """A body that took the SLA to arrive was refused "the fastest device needs 0.2 ms"; a request
+    held to its own timeout was refused as missing the SLA."""
+    core = core_with(cpu_profile=(0.1, 0.1), sla_ms=100, drop_late=True)
+    slow_body = Request(1, "m", 0.0)
+    (fail,) = core.on_arrival(slow_body, 0.3)  # reached the queue 300 ms after it arrived
+    assert fail.message == (
+        "model 'm' cannot answer within its SLA of 100 ms: 300 ms of it had passed when it reached the queue, "
+        "and the fastest device needs 0.2 ms for this request; refused before any work was done"
+    )
+    # Its own timeout of 80 ms fits l(1) of 50 ms, but not behind a batch of 50 ms: refused by
+    # that timeout, not by the SLA of 3 s.
+    core = core_with(cpu_profile=(0.0, 50.0), sla_ms=3000, drop_late=True)
+    assert of(core.on_arrival(Request(2, "m", 1.0), 1.0), Start)
+    tight = Request(3, "m", 1.001, timeout_s=0.08)
+    (fail,) = of(core.on_arrival(tight, 1.001), Fail)
+    assert fail.message == (
+        "model 'm' could not serve this request within the request's timeout of 80 ms "
+        "(no device could finish it in time); refused before it ran"
+    )
+
+
 def test_a_queued_request_times_out_and_is_never_run():
     core = core_with(ready=False)
     request = Request(1, "m", 0.0, timeout_s=0.05)
