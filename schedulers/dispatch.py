@@ -53,6 +53,9 @@ CPU, GPU = "cpu", "gpu"
 EXECUTOR_FAILED = "executor_failed"
 # Float seconds: a timer set for t must find what is due at t.
 EPSILON_S = 1e-9
+# How long admission refuses every request of a model before it forgets the measurements that
+# refuse them (``_measures_anew``).
+RELEARN_AFTER_S = 5.0
 REFUSAL_MARGIN_S = 1e-6
 # The timeout heap drops its ended entries lazily, from the top; it is rebuilt with the live
 # ones alone once it holds twice as many as after its last rebuild (and at least this many).
@@ -138,6 +141,8 @@ class ModelState:
     dispatch_batch: int = 1  # a planned CPU batch size: > 1, Harpagon's batch-aware dispatch (cpu_batch.py)
     priority_levels: int = 1  # 1: every request equal (priority.py)
     priority_bound_s: float = math.inf  # how long a lower level may be passed by higher ones
+    # Since when admission has refused every request of the model (None: it admitted the last).
+    refusing_since: float | None = None
 
 
 @dataclass
@@ -419,6 +424,8 @@ class DispatchCore:
             return [Fail((request,), 429, "queue_full", message, (("Retry-After", str(retry_after)),))]
         if state.drop_late:
             fastest = self._fastest_ms(state, request.rows)
+            if fastest is not None and not admissible(request, now, fastest) and self._measures_anew(state, request.rows, now):
+                fastest = self._fastest_ms(state, request.rows)
             if fastest is not None and not admissible(request, now, fastest):
                 request.state = ENDED
                 load_ms = self._load_ms(state.name) if state.gpu_profile is not None else 0.0
@@ -431,6 +438,7 @@ class DispatchCore:
                     f"this request{loading}; refused before any work was done"
                 )
                 return [Fail((request,), 503, "refused_deadline", message)]
+            state.refusing_since = None
         timeout_s = self.request_timeout_s
         if own_timeout and own_timeout < timeout_s:  # Triton reads 0 as no timeout of the client's own
             timeout_s = own_timeout
@@ -697,6 +705,26 @@ class DispatchCore:
     def _is_head(self, request: Request) -> bool:
         queue = self.models[request.model].queue
         return request.state == QUEUED and bool(queue) and queue[0] is request
+
+    def _measures_anew(self, state: ModelState, rows: int, now: float) -> bool:
+        """Whether the model's measurements of ``rows`` rows are forgotten before this request is
+        refused: where admission has refused every request of the model for RELEARN_AFTER_S and
+        none of its work is queued or running. A refusal stops the measuring: one slow run (an
+        input of dynamic shape 1,000 times the usual, a stall of the machine) read at the
+        window's 99th percentile refused every later request of that size, for good, though the
+        device served them in milliseconds. Forgotten, the size's latency comes from the fit of
+        the others (or the seed); a model that is that slow measures so again within a request.
+        Ours, not Clockwork's: its profiles are of models whose time does not depend on the input."""
+        if state.refusing_since is None:
+            state.refusing_since = now
+            return False
+        if now - state.refusing_since < RELEARN_AFTER_S or self.busy(state.name):
+            return False
+        state.refusing_since = now
+        for profile in (state.cpu_profile, state.gpu_profile):
+            if profile is not None:
+                profile.forget(rows)
+        return True
 
     def _fastest_ms(self, state: ModelState, rows: int) -> float | None:
         """l(rows) on the fastest device that serves the model (None: none does); on a GPU, plus

@@ -97,6 +97,23 @@ class LatencyProfile:
         the points a planner fits its own model to (FA2's quadratic, gateway/tools/plan.py)."""
         return dict(sorted(self._read.items()))
 
+    def forget(self, batch_size: int) -> None:
+        """Drop what was measured at ``batch_size``: its latency comes from the fit of the other
+        sizes again (the seed's, where none is measured)."""
+        self._samples.pop(batch_size, None)
+        read = self._read.pop(batch_size, None)
+        if read is None:
+            return
+        sums = self._sums
+        sums[0] -= batch_size
+        sums[1] -= read
+        sums[2] -= batch_size * read
+        sums[3] -= batch_size * batch_size
+        if self._read:
+            self._refit()
+        else:
+            self.per_item_ms, self.fixed_ms = self.seed_per_item_ms, self.seed_fixed_ms
+
     def latency_ms(self, batch_size: int) -> float:
         """The measured high percentile for this batch size, else the linear fit."""
         measured = self._read.get(batch_size)

@@ -129,6 +129,32 @@ def test_a_refusal_names_what_made_the_request_late():
     )
 
 
+def test_a_model_that_admission_refuses_for_good_measures_again():
+    """One slow run (an input 1,000 times the usual, of a dynamic shape) read at the window's 99th
+    percentile refused every later request of its size, for good: refused, none ran to measure
+    anew. After RELEARN_AFTER_S of refusing every request, with none of its work left, the model
+    forgets that size's measurements; one that is that slow measures so again."""
+    core = core_with(cpu_profile=(0.1, 1.0), sla_ms=400, drop_late=True)
+    for i, ms in enumerate((4.0, 4.0, 772.0)):
+        (start,) = of(core.on_arrival(Request(i, "m", float(i)), float(i)), Start)
+        core.on_batch_done(start.batch, ms, i + ms / 1000)
+    assert core.models["m"].cpu_profile.latency_ms(1) > 400
+    refused = [bool(of(core.on_arrival(Request(10 + t, "m", 3.0 + t), 3.0 + t), Fail)) for t in range(5)]
+    assert refused == [True] * 5  # 3 to 7 s: refused, as Clockwork's admission does
+    (start,) = of(core.on_arrival(Request(20, "m", 8.0), 8.0), Start)  # 5 s after the first refusal
+    core.on_batch_done(start.batch, 4.0, 8.004)
+    assert core.models["m"].cpu_profile.latency_ms(1) == 4.0
+    assert of(core.on_arrival(Request(21, "m", 9.0), 9.0), Start)
+    # A model that is that slow: measured so again, it refuses again.
+    core = core_with(cpu_profile=(0.1, 1.0), sla_ms=400, drop_late=True)
+    (start,) = of(core.on_arrival(Request(1, "m", 0.0), 0.0), Start)
+    core.on_batch_done(start.batch, 772.0, 0.772)
+    assert of(core.on_arrival(Request(2, "m", 1.0), 1.0), Fail)
+    (start,) = of(core.on_arrival(Request(3, "m", 6.0), 6.0), Start)
+    core.on_batch_done(start.batch, 772.0, 6.772)
+    assert of(core.on_arrival(Request(4, "m", 7.0), 7.0), Fail)
+
+
 def test_a_queued_request_times_out_and_is_never_run():
     core = core_with(ready=False)
     request = Request(1, "m", 0.0, timeout_s=0.05)
