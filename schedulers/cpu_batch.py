@@ -44,8 +44,9 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
       (fixed_ms ~ 0) gives 1.
     - And never more than the head request's deadline allows: l(b) <= ``slack_ms`` (the ms from
       now to the head's deadline), since it waits for the whole batch (Harpagon Section II,
-      L_wc = d + b/T with the batch already collected). If not even l(1) fits, 1: the request is
-      late anyway and the CPU still serves it.
+      L_wc = d + b/T with the batch already collected). If not even l(1) fits, the head is late
+      whatever the batch: the rows that amortize the fixed cost, which serve those behind it
+      soonest (``within_slack``).
     """
     allowed = max(1, min(available_rows, max_batch))
     if profile is None:
@@ -53,8 +54,19 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
     amortizing = amortizing_rows(profile)
     # A hair of slack for float division (0.3 / 0.05 is 5.999...), so that the bound itself is reached.
     rows = allowed if amortizing + 1e-9 >= allowed else max(1, math.floor(amortizing + 1e-9))
-    # l(b) read as the dispatch core reads it for the batch's expected end (the measured high
-    # percentile where there is one): it need not be monotonic in b, so step down, not solve.
+    return within_slack(profile, rows, slack_ms)
+
+
+def within_slack(profile: LatencyProfile, rows: int, slack_ms: float) -> int:
+    """At most ``rows``, the most whose l(b) fits the head's ``slack_ms``; ``rows`` where not even
+    l(1) does. A head that is late whatever the batch was served alone, and so was every head
+    after it: a queue that one stall had made late stayed late, at a batch of one each (48
+    requests queued behind a 20 ms stall ran one by one, none within its SLA of 20 ms).
+
+    l(b) is read as the dispatch core reads it for the batch's expected end (the measured high
+    percentile where there is one): it need not be monotonic in b, so step down, not solve."""
+    if profile.latency_ms(1) > slack_ms:
+        return rows
     while rows > 1 and profile.latency_ms(rows) > slack_ms:
         rows -= 1
     return rows
@@ -63,11 +75,9 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
 def planned_batch_rows(profile: LatencyProfile | None, available_rows: int, planned: int, max_batch: int, slack_ms: float) -> int:
     """The rows of a CPU batch where a plan fixed the batch size (Harpagon Section III-A,
     batch-aware dispatch): the planned size, or what is queued when the head cannot wait for
-    more, never past what the head's deadline allows (l(b) <= ``slack_ms``), at least 1."""
+    more, never past what the head's deadline allows (l(b) <= ``slack_ms``, ``within_slack``), at least 1."""
     rows = max(1, min(available_rows, planned, max_batch))
-    while profile is not None and rows > 1 and profile.latency_ms(rows) > slack_ms:
-        rows -= 1
-    return rows
+    return rows if profile is None else within_slack(profile, rows, slack_ms)
 
 
 def dispatch_due(profile: LatencyProfile | None, queued_rows: int, planned: int, head_deadline: float) -> float:

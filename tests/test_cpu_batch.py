@@ -39,9 +39,13 @@ def test_the_head_requests_slack_caps_the_batch():
     profile = LatencyProfile(1.0, 0.4)  # amortizes up to 8 rows; l(b) = b + 0.4
     assert cpu_batch_rows(profile, 8, 8, math.inf) == 8
     assert cpu_batch_rows(profile, 8, 8, 5.5) == 5  # l(5) = 5.4 <= 5.5 < l(6)
-    # Not even l(1) fits: the head is late anyway, and the CPU still serves it.
-    assert cpu_batch_rows(profile, 8, 8, 1.0) == 1
-    assert cpu_batch_rows(profile, 8, 8, -20.0) == 1
+    # Not even l(1) fits: the head is late whatever the batch, and the rows that amortize the
+    # fixed cost serve those behind it soonest. Served alone, every head after a stall was late
+    # too, and the queue ran one request at a time.
+    assert cpu_batch_rows(profile, 8, 8, 1.0) == 8
+    assert cpu_batch_rows(profile, 8, 8, -20.0) == 8
+    assert cpu_batch_rows(LatencyProfile(1.0, 0.05), 8, 8, -20.0) == 1  # a linear cost: nothing to amortize
+    assert planned_batch_rows(profile, 8, 4, 8, -20.0) == 4
 
 
 def test_the_slack_is_read_against_the_measured_latency_where_there_is_one():
