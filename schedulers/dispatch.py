@@ -141,8 +141,9 @@ class ModelState:
     dispatch_batch: int = 1  # a planned CPU batch size: > 1, Harpagon's batch-aware dispatch (cpu_batch.py)
     priority_levels: int = 1  # 1: every request equal (priority.py)
     priority_bound_s: float = math.inf  # how long a lower level may be passed by higher ones
-    # Since when admission has refused every request of the model (None: it admitted the last).
-    refusing_since: float | None = None
+    # Rows -> since when admission has refused, for its measurements alone, every request of that
+    # size (``_measures_anew``).
+    refusing_since: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,9 +172,9 @@ def _ms(seconds: float) -> str:
 
 def _bound(request: Request, state: ModelState) -> str:
     """What the request's deadline is: its model's SLA, or its own timeout where that is tighter."""
-    sla_s = state.sla_ms / 1000
-    if request.deadline < request.arrival + sla_s - EPSILON_S:
-        return f"the request's timeout of {_ms(request.deadline - request.arrival)} ms"
+    # Set from its own timeout at admission: the SLA may have changed since (the admin API).
+    if request.timeout_s and request.deadline == request.arrival + request.timeout_s:
+        return f"the request's timeout of {_ms(request.timeout_s)} ms"
     return f"its SLA of {state.sla_ms:g} ms"
 
 
@@ -414,6 +415,16 @@ class DispatchCore:
         own_deadline = bool(own_timeout) and request.arrival + own_timeout < request.deadline
         if own_deadline:
             request.deadline = request.arrival + own_timeout
+        timeout_s = self.request_timeout_s
+        if own_timeout and own_timeout < timeout_s:  # Triton reads 0 as no timeout of the client's own
+            timeout_s = own_timeout
+        request.timeout_at = timeout_at = request.arrival + timeout_s
+        if timeout_at <= now + EPSILON_S:
+            # Its timeout passed before it reached the queue (its body was still arriving, or a
+            # timeout of 1 us): queued, an idle executor ran it and the result was discarded.
+            request.state = ENDED
+            message = f"timed out after {_ms(timeout_s)} ms, before it reached the queue; it was not run"
+            return [Fail((request,), 504, "timeout", message)]
         if len(queue) >= state.max_queue_size:
             request.state = ENDED
             retry_after = self.retry_after_s(request.model)
@@ -424,8 +435,11 @@ class DispatchCore:
             return [Fail((request,), 429, "queue_full", message, (("Retry-After", str(retry_after)),))]
         if state.drop_late:
             fastest = self._fastest_ms(state, request.rows)
-            if fastest is not None and not admissible(request, now, fastest) and self._measures_anew(state, request.rows, now):
-                fastest = self._fastest_ms(state, request.rows)
+            if fastest is not None and not admissible(request, now, fastest):
+                if self._measures_anew(state, request.rows, now):
+                    fastest = self._fastest_ms(state, request.rows)
+            elif state.refusing_since:  # admitted: its size is measured again
+                state.refusing_since.pop(request.rows, None)
             if fastest is not None and not admissible(request, now, fastest):
                 request.state = ENDED
                 load_ms = self._load_ms(state.name) if state.gpu_profile is not None else 0.0
@@ -438,17 +452,6 @@ class DispatchCore:
                     f"this request{loading}; refused before any work was done"
                 )
                 return [Fail((request,), 503, "refused_deadline", message)]
-            state.refusing_since = None
-        timeout_s = self.request_timeout_s
-        if own_timeout and own_timeout < timeout_s:  # Triton reads 0 as no timeout of the client's own
-            timeout_s = own_timeout
-        request.timeout_at = timeout_at = request.arrival + timeout_s
-        if timeout_at <= now + EPSILON_S:
-            # Its timeout passed before it reached the queue (its body was still arriving, or a
-            # timeout of 1 us): queued, an idle executor ran it and the result was discarded.
-            request.state = ENDED
-            message = f"timed out after {_ms(timeout_s)} ms, before it reached the queue; it was not run"
-            return [Fail((request,), 504, "timeout", message)]
         request.state = QUEUED
         heapq.heappush(self._timeouts, (timeout_at, request.id, request))
         if len(self._timeouts) >= self._timeouts_compact_at:
@@ -707,32 +710,39 @@ class DispatchCore:
         return request.state == QUEUED and bool(queue) and queue[0] is request
 
     def _measures_anew(self, state: ModelState, rows: int, now: float) -> bool:
-        """Whether the model's measurements of ``rows`` rows are forgotten before this request is
-        refused: where admission has refused every request of the model for RELEARN_AFTER_S and
-        none of its work is queued or running. A refusal stops the measuring: one slow run (an
-        input of dynamic shape 1,000 times the usual, a stall of the machine) read at the
-        window's 99th percentile refused every later request of that size, for good, though the
-        device served them in milliseconds. Forgotten, the size's latency comes from the fit of
-        the others (or the seed); a model that is that slow measures so again within a request.
-        Ours, not Clockwork's: its profiles are of models whose time does not depend on the input."""
-        if state.refusing_since is None:
-            state.refusing_since = now
+        """Whether the model's measurements that refuse requests of ``rows`` rows are forgotten
+        before this one is refused: where, for RELEARN_AFTER_S, the model's l(rows) alone (with no
+        GPU load, whatever the request's own timeout or the time gone before it reached the
+        queue) has been past its whole SLA at every request of that size. A refusal stops the
+        measuring: one slow run (an input of dynamic shape 1,000 times the usual, a stall of the
+        machine) read at the window's 99th percentile refused every later request of that size,
+        for good, though the device served them in milliseconds. Forgotten (that size's
+        measurements, or where it has none, those past the SLA that set the fit), its latency
+        comes from the fit of the others or the seed; a model that is that slow measures so
+        again within a request. Ours, not Clockwork's: its profiles are of models whose time
+        does not depend on the input."""
+        own_ms = self._fastest_ms(state, rows, loading=False)
+        if own_ms is None or own_ms <= state.sla_ms:  # not the measurements' refusal
+            state.refusing_since.pop(rows, None)
             return False
-        if now - state.refusing_since < RELEARN_AFTER_S or self.busy(state.name):
+        since = state.refusing_since.setdefault(rows, now)
+        if now - since < RELEARN_AFTER_S:
             return False
-        state.refusing_since = now
+        state.refusing_since[rows] = now
         for profile in (state.cpu_profile, state.gpu_profile):
             if profile is not None:
-                profile.forget(rows)
+                measured = profile.measured()
+                for size in [rows] if rows in measured else [b for b, ms in measured.items() if ms > state.sla_ms]:
+                    profile.forget(size)
         return True
 
-    def _fastest_ms(self, state: ModelState, rows: int) -> float | None:
+    def _fastest_ms(self, state: ModelState, rows: int, loading: bool = True) -> float | None:
         """l(rows) on the fastest device that serves the model (None: none does); on a GPU, plus
-        the model's load time where no GPU holds it."""
+        the model's load time where no GPU holds it (``loading``)."""
         on_gpu = None
         if state.gpu_profile is not None and self._gpus:
             on_gpu = state.gpu_profile.latency_ms(rows)
-            if self.gpu_memory is not None:
+            if loading and self.gpu_memory is not None:
                 on_gpu += self._load_ms(state.name)
         if state.cpu_profile is None or not state.cpu_executors:
             return on_gpu

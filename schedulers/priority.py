@@ -29,10 +29,16 @@ def goes_ahead(request: Request, waiting: Request, now: float, bound_s: float) -
 
 def was_ahead(returned: Request, queued: Request, bound_s: float) -> bool:
     """Whether ``returned`` (taken out in a batch that never ran, and put back) was ahead of
-    ``queued``: as ``goes_ahead`` placed the later of the two at its arrival."""
-    if (returned.arrival, returned.id) < (queued.arrival, queued.id):
-        return not goes_ahead(queued, returned, queued.arrival, bound_s)
-    return goes_ahead(returned, queued, returned.arrival, bound_s)
+    ``queued``: as ``goes_ahead`` placed the later of the two (ids are in the order requests
+    reach the queue) when it reached the queue."""
+    if returned.id < queued.id:
+        return not goes_ahead(queued, returned, _placed(queued), bound_s)
+    return goes_ahead(returned, queued, _placed(returned), bound_s)
+
+
+def _placed(request: Request) -> float:
+    """When the request reached its queue (``gateway serve`` sets it; the simulator's arrive there)."""
+    return request.queued_at if request.queued_at is not None else request.arrival
 
 
 def position(queue: Sequence[Request], request: Request, now: float, bound_s: float) -> int:

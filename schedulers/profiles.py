@@ -111,7 +111,8 @@ class LatencyProfile:
         sums[3] -= batch_size * batch_size
         if self._read:
             self._refit()
-        else:
+        else:  # the seed's line again, and no float left over in the sums
+            self._sums = [0.0, 0.0, 0.0, 0.0]
             self.per_item_ms, self.fixed_ms = self.seed_per_item_ms, self.seed_fixed_ms
 
     def latency_ms(self, batch_size: int) -> float:

@@ -87,11 +87,11 @@ class RequestQueue(collections.deque):
 
     def put_back(self, requests: Iterable[Request], ahead: Callable[[Request, Request], bool] | None = None) -> None:
         """Return requests taken out (a batch that never ran) to their places: each ahead of the
-        first queued request it was ahead of (``ahead(returned, queued)``; arrival order by
-        default, a FIFO queue's). The order of those queued is kept: sorted by arrival, the
-        whole queue lost the order its priorities had given it."""
+        first queued request it was ahead of (``ahead(returned, queued)``; the order they reached
+        the queue by default, a FIFO queue's). The order of those queued is kept: sorted by
+        arrival, the whole queue lost the order its priorities had given it."""
         if ahead is None:
-            ahead = _arrived_first
+            ahead = _queued_first
         for request in requests:
             index = next((i for i, queued in enumerate(self) if ahead(request, queued)), len(self))
             self.insert(index, request)
@@ -112,8 +112,8 @@ class RequestQueue(collections.deque):
         return f"RequestQueue({list(self)!r})"
 
 
-def _arrived_first(request: Request, other: Request) -> bool:
-    return (request.arrival, request.id) < (other.arrival, other.id)
+def _queued_first(request: Request, other: Request) -> bool:
+    return request.id < other.id  # ids are in the order requests reach the queue
 
 
 _append, _appendleft, _insert = collections.deque.append, collections.deque.appendleft, collections.deque.insert

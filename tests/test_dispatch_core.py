@@ -155,6 +155,35 @@ def test_a_model_that_admission_refuses_for_good_measures_again():
     assert of(core.on_arrival(Request(4, "m", 7.0), 7.0), Fail)
 
 
+def test_relearning_is_per_size_and_only_where_the_measurements_alone_refuse():
+    """A model busy with requests of other sizes still measures a refused size anew (one timer
+    for the model, reset by any admission, left that size refused for good); a request refused
+    for its own tight timeout, or for time gone before it was queued, forgets nothing."""
+    core = core_with(cpu_profile=(0.1, 1.0), sla_ms=400, drop_late=True)
+    (start,) = of(core.on_arrival(Request(1, "m", 0.0, rows=4), 0.0), Start)
+    core.on_batch_done(start.batch, 5.0, 0.005)
+    (start,) = of(core.on_arrival(Request(2, "m", 1.0), 1.0), Start)
+    core.on_batch_done(start.batch, 772.0, 1.772)
+    for t in range(2, 7):  # every second a refused row and an admitted batch of 4
+        assert of(core.on_arrival(Request(10 * t, "m", float(t)), float(t)), Fail)
+        (start,) = of(core.on_arrival(Request(10 * t + 1, "m", t + 0.5, rows=4), t + 0.5), Start)
+        core.on_batch_done(start.batch, 5.0, t + 0.505)
+    assert of(core.on_arrival(Request(99, "m", 7.0), 7.0), Start)  # 5 s after its first refusal
+    # Its own timeout of 1 ms under l(1) of 5 ms: refused, and the 5 ms measured is kept.
+    core = core_with(cpu_profile=(0.1, 1.0), sla_ms=400, drop_late=True)
+    (start,) = of(core.on_arrival(Request(1, "m", 0.0), 0.0), Start)
+    core.on_batch_done(start.batch, 5.0, 0.005)
+    for t in range(1, 9):
+        assert of(core.on_arrival(Request(t + 1, "m", float(t), timeout_s=0.001), float(t)), Fail)
+    assert core.models["m"].cpu_profile.measured() == {1: 5.0}
+
+
+def test_an_expired_request_is_a_timeout_on_a_drop_late_model_too():
+    core = core_with(drop_late=True)
+    (fail,) = core.on_arrival(Request(1, "m", 0.0, timeout_s=1e-6), 0.002)
+    assert (fail.status, fail.outcome) == (504, "timeout")
+
+
 def test_a_queued_request_times_out_and_is_never_run():
     core = core_with(ready=False)
     request = Request(1, "m", 0.0, timeout_s=0.05)
