@@ -700,12 +700,12 @@ class Engine:
                 if self.stopping:
                     raise ExecutorStartError(f"executor {executor.id} was stopped while the model it replaces was unloaded")
         except BaseException as error:
+            self._end_swap(model.name)  # its waiters first: answered, not held while it stops
             try:
                 await executor.stop()
             finally:
-                self.control.give_back(aside)  # once its executor has stopped, as an unload's cores
                 del self._starting[executor.id]
-                self._end_swap(model.name)
+                self.control.give_back(aside)  # once its executor has stopped, as an unload's cores
             if self.stopping and isinstance(error, Exception):  # an executor stopped before it started, say
                 raise InvalidRequest(f"the gateway is shutting down: model '{model.name}' was not loaded", 503) from None
             raise
