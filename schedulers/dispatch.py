@@ -53,8 +53,8 @@ CPU, GPU = "cpu", "gpu"
 EXECUTOR_FAILED = "executor_failed"
 # Float seconds: a timer set for t must find what is due at t.
 EPSILON_S = 1e-9
-# How long admission refuses every request of a model before it forgets the measurements that
-# refuse them (``_measures_anew``).
+# How long admission refuses, for the measurements alone, every request of one size before the
+# model forgets the measurements that refuse them (``_measures_anew``).
 RELEARN_AFTER_S = 5.0
 REFUSAL_MARGIN_S = 1e-6
 # The timeout heap drops its ended entries lazily, from the top; it is rebuilt with the live
