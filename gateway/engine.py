@@ -1390,7 +1390,7 @@ class Engine:
         live = {r.id for r in action.requests}
         for index, (request, part) in enumerate(zip(batch.requests, parts, strict=True)):
             # Triton's queue time: in the model's queue, not the body's upload and parsing before.
-            queue_ms = (batch.started - (request.queued_at if request.queued_at is not None else request.arrival)) * 1000
+            queue_ms = (batch.started - request.entered_queue) * 1000
             if request.id in live and isinstance(part, RequestFailed):  # its own input refused (_run_each_alone)
                 self._settle(request.id, error=part)
             elif request.id in live:

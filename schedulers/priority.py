@@ -32,13 +32,8 @@ def was_ahead(returned: Request, queued: Request, bound_s: float) -> bool:
     ``queued``: as ``goes_ahead`` placed the later of the two (ids are in the order requests
     reach the queue) when it reached the queue."""
     if returned.id < queued.id:
-        return not goes_ahead(queued, returned, _placed(queued), bound_s)
-    return goes_ahead(returned, queued, _placed(returned), bound_s)
-
-
-def _placed(request: Request) -> float:
-    """When the request reached its queue (``gateway serve`` sets it; the simulator's arrive there)."""
-    return request.queued_at if request.queued_at is not None else request.arrival
+        return not goes_ahead(queued, returned, queued.entered_queue, bound_s)
+    return goes_ahead(returned, queued, returned.entered_queue, bound_s)
 
 
 def position(queue: Sequence[Request], request: Request, now: float, bound_s: float) -> int:

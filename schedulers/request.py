@@ -36,6 +36,11 @@ class Request:
     # and parsed): a queue time counted from its arrival was a slow upload's time too.
     queued_at: float | None = None
 
+    @property
+    def entered_queue(self) -> float:
+        """When it joined its queue: ``queued_at``, else its arrival (the simulator's arrive there)."""
+        return self.queued_at if self.queued_at is not None else self.arrival
+
     def __repr__(self) -> str:
         return f"Request({self.id}, {self.model!r}, arrival={self.arrival:.6f}, rows={self.rows}, {self.state})"
 
