@@ -59,7 +59,7 @@ from gateway.stats import CoreMeter, ResponseTimes
 from gateway.triton_stats import BatchTiming, ModelStatistics
 from gateway.ui.series import LiveSeries, PeriodOf
 from schedulers.autoscale import ScalingSignal, scaling_signal
-from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, Fail, Finish, Start, WakeAt
+from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, Fail, Finish, Start, WakeAt, cpu_executor_id
 from schedulers.gpu_memory import Load
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -751,7 +751,7 @@ class Engine:
         """The CPU executor id of model ``name``: ``cpu-NAME``, or ``cpu-NAME~2`` while a reload
         starts beside the executor that holds it (two of one id would share a socket and cgroup;
         a model's name has no ``~``)."""
-        first = f"cpu-{name}"
+        first = cpu_executor_id(name)
         return first if first not in self.executors else f"{first}~2"
 
     def _check_unloadable(self, name: str) -> None:

@@ -20,6 +20,7 @@ from executors.limits import Actuator, make_actuator, sweep_ended_gateways
 from executors.process import ProcessExecutor
 from gateway.config import GatewayConfig
 from gateway.config.schema import ModelConfig
+from schedulers.dispatch import cpu_executor_id
 
 log = logging.getLogger("gateway")
 
@@ -42,7 +43,7 @@ class NodeExecutors:
         """A model's CPU executor, not started (a model of the config, or one loaded at run time),
         its id ``cpu-NAME`` unless told another."""
         assert model.cpu is not None
-        executor_id = executor_id or f"cpu-{model.name}"
+        executor_id = executor_id or cpu_executor_id(model.name)
         return self.executor_class(
             executor_id,
             {model.name: model.path},

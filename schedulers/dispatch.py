@@ -48,6 +48,14 @@ from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
 from schedulers.round_robin import RandomRoundRobin
 
 CPU, GPU = "cpu", "gpu"
+
+
+def cpu_executor_id(model: str) -> str:
+    """The id of a model's CPU executor: one per model (ROMA Section 2.2), in serving and in
+    the simulator alike."""
+    return f"cpu-{model}"
+
+
 # The outcome of a batch whose executor failed (crashed, hung, hung up): ``on_batch_failed``
 # then takes back the batch queued behind it, which the executor had not begun.
 EXECUTOR_FAILED = "executor_failed"

@@ -271,7 +271,7 @@ class WorkerNode:
             "executors": [e.describe() for e in self.executors.values()],
             "models": {
                 name: {
-                    "cpu_executor": f"cpu-{name}" if name in self.node.cpu else None,
+                    "cpu_executor": self.node.cpu[name].id if name in self.node.cpu else None,
                     # Requests its CPU executor answered, from every dispatcher: what its controller regulates.
                     "served": self.loads[name].served if name in self.loads else 0,
                     "cores": self.node.cpu[name].cores if name in self.node.cpu else 0.0,

@@ -67,7 +67,20 @@ from gateway.tools.arguments import (
     refuse_too_many_arrivals,
     seed,
 )
-from schedulers.dispatch import CPU, EPSILON_S, GPU, SPILL_WITHIN, Action, Batch, DispatchCore, Fail, Finish, Start, WakeAt
+from schedulers.dispatch import (
+    CPU,
+    EPSILON_S,
+    GPU,
+    SPILL_WITHIN,
+    Action,
+    Batch,
+    DispatchCore,
+    Fail,
+    Finish,
+    Start,
+    WakeAt,
+    cpu_executor_id,
+)
 from schedulers.gpu import BASELINES, DEFAULT_POLICY, POLICIES, GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -220,7 +233,7 @@ class Simulation:
         )
         for model in models:
             if model.cpu is not None:
-                self.core.add_executor(f"cpu-{model.name}", CPU, model.name)
+                self.core.add_executor(cpu_executor_id(model.name), CPU, model.name)
         for i in range(gpus):
             self.core.add_executor(f"gpu{i}", GPU)
         for model in models:
