@@ -45,8 +45,8 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
     - And never more than the head request's deadline allows: l(b) <= ``slack_ms`` (the ms from
       now to the head's deadline), since it waits for the whole batch (Harpagon Section II,
       L_wc = d + b/T with the batch already collected). If not even l(1) fits, the head is late
-      whatever the batch: the rows that amortize the fixed cost, which serve those behind it
-      soonest (``within_slack``).
+      whatever the batch: the size that ends the ``available_rows`` queued soonest on average
+      (``backlog_rows``).
     """
     allowed = max(1, min(available_rows, max_batch))
     if profile is None:
@@ -54,14 +54,32 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
     amortizing = amortizing_rows(profile)
     # A hair of slack for float division (0.3 / 0.05 is 5.999...), so that the bound itself is reached.
     rows = allowed if amortizing + 1e-9 >= allowed else max(1, math.floor(amortizing + 1e-9))
+    if profile.latency_ms(1) > slack_ms:
+        return backlog_rows(profile, rows, available_rows)
     return within_slack(profile, rows, slack_ms)
+
+
+def backlog_rows(profile: LatencyProfile, rows: int, queued_rows: int) -> int:
+    """The batch size, at most ``rows``, whose batches end the ``queued_rows`` soonest on average,
+    for a queue whose head is late whatever the batch.
+
+    Batches of b rows, one after another, end at l(b), 2 l(b), ...: the queued rows' mean end is
+    about l(b) (n/b + 1) / 2, which is least near b = sqrt(n fixed_ms / per_item_ms) on a line.
+    Served alone (b = 1), every head after a stall was late too and the queue paid its fixed
+    cost n times (48 requests queued behind a 20 ms stall ran one by one, none within its SLA of
+    20 ms); at the most rows that amortize (b = fixed_ms / (0.05 per_item_ms)), every request of
+    a short backlog waited for the whole batch: 8 queued rows of l(b) = b + 0.4 ms end at
+    8.4 ms each as one batch, at 6.0 ms on average in pairs.
+
+    l(b) is read as the dispatch core reads it (the measured high percentile where there is
+    one): it need not be a line, so every b up to ``rows`` is weighed (a CPU's batch is small)."""
+    n = max(queued_rows, 1)
+    return min(range(1, max(rows, 1) + 1), key=lambda b: profile.latency_ms(b) * (n / b + 1))
 
 
 def within_slack(profile: LatencyProfile, rows: int, slack_ms: float) -> int:
     """At most ``rows``, the most whose l(b) fits the head's ``slack_ms``; ``rows`` where not even
-    l(1) does. A head that is late whatever the batch was served alone, and so was every head
-    after it: a queue that one stall had made late stayed late, at a batch of one each (48
-    requests queued behind a 20 ms stall ran one by one, none within its SLA of 20 ms).
+    l(1) does (a planned batch keeps its size; ``cpu_batch_rows`` weighs the backlog instead).
 
     l(b) is read as the dispatch core reads it for the batch's expected end (the measured high
     percentile where there is one): it need not be monotonic in b, so step down, not solve."""

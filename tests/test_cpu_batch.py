@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, cpu_batch_rows, dispatch_due, planned_batch_rows
+from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, backlog_rows, cpu_batch_rows, dispatch_due, planned_batch_rows
 from schedulers.dispatch import CPU, DispatchCore, Start, WakeAt
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -39,13 +39,25 @@ def test_the_head_requests_slack_caps_the_batch():
     profile = LatencyProfile(1.0, 0.4)  # amortizes up to 8 rows; l(b) = b + 0.4
     assert cpu_batch_rows(profile, 8, 8, math.inf) == 8
     assert cpu_batch_rows(profile, 8, 8, 5.5) == 5  # l(5) = 5.4 <= 5.5 < l(6)
-    # Not even l(1) fits: the head is late whatever the batch, and the rows that amortize the
-    # fixed cost serve those behind it soonest. Served alone, every head after a stall was late
-    # too, and the queue ran one request at a time.
-    assert cpu_batch_rows(profile, 8, 8, 1.0) == 8
-    assert cpu_batch_rows(profile, 8, 8, -20.0) == 8
+    # Not even l(1) fits: the head is late whatever the batch, and the batch is the size that
+    # ends the queued rows soonest on average. Served alone, every head after a stall was late
+    # too, and the queue ran one request at a time (8 rows: 6.3 ms on average); as one batch of
+    # the 8 rows that amortize, each waited 8.4 ms; in pairs, 6.0 ms.
+    assert cpu_batch_rows(profile, 8, 8, 1.0) == 2
+    assert cpu_batch_rows(profile, 8, 8, -20.0) == 2
     assert cpu_batch_rows(LatencyProfile(1.0, 0.05), 8, 8, -20.0) == 1  # a linear cost: nothing to amortize
     assert planned_batch_rows(profile, 8, 4, 8, -20.0) == 4
+
+
+def test_a_late_heads_batch_grows_with_the_backlog_it_serves():
+    profile = LatencyProfile(1.0, 0.4)  # amortizes up to 8 rows; l(b) = b + 0.4
+    # The mean end l(b) (n/b + 1) / 2 is least near b = sqrt(n 0.4): 1 row queued, 2 of 8, 6 of 100.
+    assert [backlog_rows(profile, 8, n) for n in (1, 8, 100)] == [1, 2, 6]
+    assert [cpu_batch_rows(profile, n, 8, -1.0) for n in (1, 8, 100)] == [1, 2, 6]
+    # Never past the rows that amortize, however long the queue.
+    assert cpu_batch_rows(profile, 10_000, 64, -1.0) == 8
+    # No cost a row: a batch of every row allowed ends them all at once.
+    assert cpu_batch_rows(LatencyProfile(0.0, 2.0), 100, 16, -1.0) == 16
 
 
 def test_the_slack_is_read_against_the_measured_latency_where_there_is_one():
@@ -88,6 +100,13 @@ def test_the_core_reads_the_slack_from_the_heads_deadline_at_dispatch_time():
     # Amortizes up to 20 rows, but the head (SLA 10 ms) has 6 ms left at t = 4 ms: l(5) = 6.
     start = queue_of_eight(LatencyProfile(1.0, 1.0), sla_ms=10.0, ready_at=0.004)
     assert start.batch.rows == 5
+
+
+def test_the_core_batches_a_late_heads_queue_for_its_mean_end():
+    # The head (SLA 1 ms) is late at t = 5 ms whatever the batch: of the eight queued rows of
+    # l(b) = b + 0.4 ms, the core takes a pair (6.0 ms on average), not one (6.3) nor all (8.4).
+    start = queue_of_eight(LatencyProfile(1.0, 0.4), sla_ms=1.0, ready_at=0.005)
+    assert [r.id for r in start.batch.requests] == [0, 1]
 
 
 # -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------
