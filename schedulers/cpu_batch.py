@@ -36,7 +36,9 @@ def amortizing_rows(profile: LatencyProfile) -> float:
     return fixed_ms / (AMORTIZED_SHARE * per_item_ms)
 
 
-def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batch: int, slack_ms: float) -> int:
+def cpu_batch_rows(
+    profile: LatencyProfile | None, available_rows: int, max_batch: int, slack_ms: float, executors: int = 1
+) -> int:
     """The rows of the next CPU batch: at least 1, at most ``available_rows`` and ``max_batch``.
 
     - Without a profile, as many as allowed (min of ``available_rows`` and ``max_batch``).
@@ -45,8 +47,8 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
     - And never more than the head request's deadline allows: l(b) <= ``slack_ms`` (the ms from
       now to the head's deadline), since it waits for the whole batch (Harpagon Section II,
       L_wc = d + b/T with the batch already collected). If not even l(1) fits, the head is late
-      whatever the batch: the size that ends the ``available_rows`` queued soonest on average
-      (``backlog_rows``).
+      whatever the batch: the size that ends the ``available_rows`` queued soonest on average,
+      the queue shared among the model's ``executors`` (``backlog_rows``).
     """
     allowed = max(1, min(available_rows, max_batch))
     if profile is None:
@@ -55,16 +57,18 @@ def cpu_batch_rows(profile: LatencyProfile | None, available_rows: int, max_batc
     # A hair of slack for float division (0.3 / 0.05 is 5.999...), so that the bound itself is reached.
     rows = allowed if amortizing + 1e-9 >= allowed else max(1, math.floor(amortizing + 1e-9))
     if profile.latency_ms(1) > slack_ms:
-        return backlog_rows(profile, rows, available_rows)
+        return backlog_rows(profile, rows, available_rows / max(executors, 1))
     return within_slack(profile, rows, slack_ms)
 
 
-def backlog_rows(profile: LatencyProfile, rows: int, queued_rows: int) -> int:
+def backlog_rows(profile: LatencyProfile, rows: int, queued_rows: float) -> int:
     """The batch size, at most ``rows``, whose batches end the ``queued_rows`` soonest on average,
-    for a queue whose head is late whatever the batch.
+    for a queue whose head is late whatever the batch (an executor's part of it where the
+    model's executors drain it together).
 
     Batches of b rows, one after another, end at l(b), 2 l(b), ...: the queued rows' mean end is
-    about l(b) (n/b + 1) / 2, which is least near b = sqrt(n fixed_ms / per_item_ms) on a line.
+    about l(b) (n/b + 1) / 2 (b dividing n; a short last batch moves it by a few per cent),
+    which is least near b = sqrt(n fixed_ms / per_item_ms) on a line.
     Served alone (b = 1), every head after a stall was late too and the queue paid its fixed
     cost n times (48 requests queued behind a 20 ms stall ran one by one, none within its SLA of
     20 ms); at the most rows that amortize (b = fixed_ms / (0.05 per_item_ms)), every request of

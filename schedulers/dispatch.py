@@ -1045,13 +1045,16 @@ class DispatchCore:
             share = self._cpu_share(state, now)  # another executor of the model may have taken some
             if not share:
                 continue
-            # Rows only where they amortize the CPU's fixed cost, within the head's deadline (schedulers/cpu_batch.py).
+            # Rows only where they amortize the CPU's fixed cost, within the head's deadline; for a
+            # head late whatever the batch, the size that ends the queue soonest on average, the
+            # queue shared among the model's ready executors (schedulers/cpu_batch.py).
             available = sum(r.rows for r in itertools.islice(state.queue, share))
             slack_ms = (state.queue[0].deadline - now) * 1000
             if state.dispatch_batch > 1:
                 limit = planned_batch_rows(state.cpu_profile, available, state.dispatch_batch, state.max_batch, slack_ms)
             else:
-                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms)
+                servers = max(1, sum(e.ready for e in state.cpu_executors))
+                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms, servers)
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)
 

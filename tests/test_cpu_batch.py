@@ -54,6 +54,8 @@ def test_a_late_heads_batch_grows_with_the_backlog_it_serves():
     # The mean end l(b) (n/b + 1) / 2 is least near b = sqrt(n 0.4): 1 row queued, 2 of 8, 6 of 100.
     assert [backlog_rows(profile, 8, n) for n in (1, 8, 100)] == [1, 2, 6]
     assert [cpu_batch_rows(profile, n, 8, -1.0) for n in (1, 8, 100)] == [1, 2, 6]
+    # A queue that four executors drain together is a quarter of it for each: 32 rows as 8.
+    assert cpu_batch_rows(profile, 32, 8, -1.0, executors=4) == 2
     # Never past the rows that amortize, however long the queue.
     assert cpu_batch_rows(profile, 10_000, 64, -1.0) == 8
     # No cost a row: a batch of every row allowed ends them all at once.
@@ -107,6 +109,24 @@ def test_the_core_batches_a_late_heads_queue_for_its_mean_end():
     # l(b) = b + 0.4 ms, the core takes a pair (6.0 ms on average), not one (6.3) nor all (8.4).
     start = queue_of_eight(LatencyProfile(1.0, 0.4), sla_ms=1.0, ready_at=0.005)
     assert [r.id for r in start.batch.requests] == [0, 1]
+
+
+def test_a_late_queue_that_two_executors_drain_is_batched_for_each_ones_half():
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
+    for executor_id in ("cpu-m", "cpu-m~2"):
+        core.add_executor(executor_id, CPU, "m")
+    core.add_model("m", sla_ms=1.0, max_batch=8, max_queue_size=100, cpu_profile=LatencyProfile(1.0, 0.4))
+    for executor_id in ("cpu-m", "cpu-m~2"):
+        core.set_executor_ready(executor_id, True, 0.0)
+    # Both executors busy with a request each, then 16 more queued behind them.
+    busy = [core.on_arrival(Request(i, "m", 0.0), 0.0) for i in range(2)]
+    for i in range(2, 18):
+        core.on_arrival(Request(i, "m", 0.0), 0.0)
+    (first,) = [a for a in busy[0] if isinstance(a, Start)]
+    # One is done at 5 ms, every head late: each executor's 8 of the 16 rows end soonest in
+    # pairs (16 rows for one executor: 3).
+    (start,) = starts(core.on_batch_done(first.batch, 1.4, 0.005))
+    assert start.batch.rows == 2
 
 
 # -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------
