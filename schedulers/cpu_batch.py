@@ -58,7 +58,7 @@ def cpu_batch_rows(
     rows = allowed if amortizing + 1e-9 >= allowed else max(1, math.floor(amortizing + 1e-9))
     if profile.latency_ms(1) > slack_ms:
         return backlog_rows(profile, rows, available_rows / max(executors, 1))
-    return within_slack(profile, rows, slack_ms)
+    return _most_within(profile, rows, slack_ms)
 
 
 def backlog_rows(profile: LatencyProfile, rows: int, queued_rows: float) -> int:
@@ -87,8 +87,11 @@ def within_slack(profile: LatencyProfile, rows: int, slack_ms: float) -> int:
 
     l(b) is read as the dispatch core reads it for the batch's expected end (the measured high
     percentile where there is one): it need not be monotonic in b, so step down, not solve."""
-    if profile.latency_ms(1) > slack_ms:
-        return rows
+    return rows if profile.latency_ms(1) > slack_ms else _most_within(profile, rows, slack_ms)
+
+
+def _most_within(profile: LatencyProfile, rows: int, slack_ms: float) -> int:
+    """At most ``rows``, the most whose l(b) fits ``slack_ms`` (1 where none does)."""
     while rows > 1 and profile.latency_ms(rows) > slack_ms:
         rows -= 1
     return rows

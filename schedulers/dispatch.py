@@ -153,6 +153,11 @@ class ModelState:
     # size (``_measures_anew``).
     refusing_since: dict[int, float] = field(default_factory=dict)
 
+    @property
+    def cpu_servers(self) -> int:
+        """Its CPU executors that are ready, which drain its queue together (at least 1)."""
+        return max(1, sum(e.ready for e in self.cpu_executors))
+
 
 @dataclass
 class ExecutorState:
@@ -639,8 +644,7 @@ class DispatchCore:
         """Whole seconds until the queue has drained at the model's measured speed (at least 1)."""
         state = self.models[model]
         profile = state.cpu_profile or state.gpu_profile
-        servers = max(1, sum(e.ready for e in state.cpu_executors))
-        drain_ms = profile.latency_ms(1) * state.queue.rows / servers if profile is not None else 1000.0
+        drain_ms = profile.latency_ms(1) * state.queue.rows / state.cpu_servers if profile is not None else 1000.0
         return max(1, math.ceil(drain_ms / 1000))
 
     # -- deciding -------------------------------------------------------------------------------
@@ -1053,8 +1057,7 @@ class DispatchCore:
             if state.dispatch_batch > 1:
                 limit = planned_batch_rows(state.cpu_profile, available, state.dispatch_batch, state.max_batch, slack_ms)
             else:
-                servers = max(1, sum(e.ready for e in state.cpu_executors))
-                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms, servers)
+                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms, state.cpu_servers)
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)
 
