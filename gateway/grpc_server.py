@@ -517,6 +517,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         # Taken before a reload's swap is waited out: its timeout and response time count the
         # wait, as HTTP's do (taken after, a request past its timeout was served).
         arrival = time.perf_counter()
+        admitted = not self.handlers.draining  # at its arrival, not after the swap: as over HTTP
         try:
             try:
                 await self.engine.settled(request.model_name)  # a reload's swap, as over HTTP
@@ -525,7 +526,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             runtime = self.engine.served(request.model_name, request.model_version or None)
             if runtime is None:
                 raise Refused(404, self.engine.not_served(request.model_name, request.model_version or None))
-            response = await self._infer(runtime, request, record, arrival)
+            response = await self._infer(runtime, request, record, arrival, admitted)
             record.status, record.rpc_code = 200, grpc.StatusCode.OK.value[0]
             return response
         except Refused as refused:
@@ -543,15 +544,21 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             report(record, self.tracer, metadata)
 
     async def _infer(
-        self, runtime: ModelRuntime, request: service_pb2.ModelInferRequest, record: RequestRecord, arrival: float
+        self,
+        runtime: ModelRuntime,
+        request: service_pb2.ModelInferRequest,
+        record: RequestRecord,
+        arrival: float,
+        admitted: bool,
     ) -> service_pb2.ModelInferResponse:
         """One request, arrived at ``arrival``, served and accounted for as HTTP's are, its phases
-        noted in ``record``; a Refused with its code otherwise."""
+        noted in ``record``; a Refused with its code otherwise. ``admitted``: it came before the
+        drain began."""
         engine = self.engine
         engine.received(runtime)
         outcome, result = "internal_error", None
         try:
-            if self.handlers.draining:
+            if not admitted:
                 outcome = "shutdown"
                 raise Refused(503, "the gateway is shutting down; no new requests")
             try:

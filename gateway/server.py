@@ -450,12 +450,15 @@ class Handlers:
         # time.perf_counter, as every timestamp of the engine: uvloop's loop.time() has 1 ms
         # resolution and stands still within a loop iteration.
         arrival = time.perf_counter()
+        # Whether the drain had begun when the request came, not once a reload's swap let it go
+        # on: one that waited out the swap from before SIGTERM was answered 503, "no new requests".
+        admitted = not self.draining
         runtime = await self._settled_runtime(request)
         self.engine.received(runtime)
         outcome, result = "internal_error", None
         record = record_of(request)
         try:
-            response, outcome, result = await self._infer(request, runtime, arrival)
+            response, outcome, result = await self._infer(request, runtime, arrival, admitted)
             return response
         except BodyTimedOut:
             outcome = "timeout"
@@ -472,10 +475,10 @@ class Handlers:
             self.engine.record(runtime, outcome, arrival, result)
 
     async def _infer(
-        self, request: web.Request, runtime: ModelRuntime, arrival: float
+        self, request: web.Request, runtime: ModelRuntime, arrival: float, admitted: bool
     ) -> tuple[web.Response, str, Result | None]:
         assert runtime.signature is not None
-        if self.draining:
+        if not admitted:
             return error_response(503, "the gateway is shutting down; no new requests"), "shutdown", None
         chunks = await _read_body(request, self.request_timeout_s, self.inflating, arrival)
         parsed = await self.off_loop(

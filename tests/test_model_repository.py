@@ -852,6 +852,43 @@ def test_a_reload_the_drain_cuts_short_while_its_model_drains_is_answered_503(tm
     assert statuses <= {200, 503}, statuses
 
 
+def test_requests_that_wait_out_a_swap_from_before_sigterm_are_served_by_the_successor(tmp_path, example_models):
+    """SIGTERM came while a reload's swap held requests that had arrived before it, and the
+    successor came up inside the drain: they were answered 503, "no new requests", over HTTP and
+    gRPC alike, though they had come before the drain began (the drain's refusal was read once
+    the swap let them go on)."""
+    shutil.copy(example_models / "mlp.onnx", tmp_path / "mlp.onnx")
+    (tmp_path / "config.toml").write_text(
+        '[server]\ndrain_timeout_s = 60\n[node]\ncpu_cores = 2\n[models.mlp]\npath = "mlp.onnx"\nsla_ms = 20\n'
+        "max_batch_size = 32\ncpu = { cores = 1.0, threads = 1 }\n"
+    )
+    rows = json.dumps({"inputs": [{"name": "x", "shape": [32, 512], "datatype": "FP32", "data": [0.25] * 32 * 512}]})
+    tensor = triton_grpc.InferInput("x", [1, 512], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 512), 0.25, dtype=np.float32))
+    port = free_port()
+    with run_gateway(tmp_path / "config.toml", args=["--grpc-port", str(port)]) as gateway:
+        # A fiftieth of a core and a queue of 60 batches of 32 rows: seconds of draining.
+        requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": 0.02}, timeout=10).raise_for_status()
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            url = f"{gateway.base}/v2/models/mlp/infer"
+            infers = [pool.submit(requests.post, url, data=rows, timeout=120) for _ in range(60)]
+            time.sleep(1.0)
+            reload = pool.submit(requests.post, f"{gateway.base}/v2/repository/models/mlp/load", timeout=120)
+            wait_for(lambda: index(gateway)["mlp"] == "UNLOADING", 60, "the reload unloading the model it replaces")
+            over_http = pool.submit(requests.post, url, json=MLP_BODY, timeout=120)
+            over_grpc = pool.submit(triton_grpc.InferenceServerClient(f"127.0.0.1:{port}").infer, "mlp", [tensor])
+            time.sleep(0.3)  # both in the swap, waiting for the successor
+            gateway.process.send_signal(signal.SIGTERM)
+            assert reload.result().status_code == 200
+            assert {infer.result().status_code for infer in infers} == {200}  # the model it replaced served them
+            waited = over_http.result()
+            assert waited.status_code == 200, waited.text
+            assert waited.json()["parameters"]["executor"] == "cpu-mlp~2"  # the successor's executor
+            assert over_grpc.result().as_numpy("y") is not None
+        assert gateway.process.wait(timeout=60) == 0
+    assert "model mlp: reloaded" in gateway.output()
+
+
 def test_a_request_that_waits_out_a_swap_counts_the_wait_in_its_timeout(tmp_path):
     """Over gRPC the request's clock began after the wait: one past its timeout was served (5.6 s
     for a timeout of 500 ms). Over HTTP it timed out, but was run and its result discarded."""
