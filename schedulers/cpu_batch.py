@@ -37,7 +37,12 @@ def amortizing_rows(profile: LatencyProfile) -> float:
 
 
 def cpu_batch_rows(
-    profile: LatencyProfile | None, available_rows: int, max_batch: int, slack_ms: float, executors: int = 1
+    profile: LatencyProfile | None,
+    available_rows: int,
+    max_batch: int,
+    slack_ms: float,
+    executors: int = 1,
+    arrivals_per_s: float = math.inf,
 ) -> int:
     """The rows of the next CPU batch: at least 1, at most ``available_rows`` and ``max_batch``.
 
@@ -47,8 +52,12 @@ def cpu_batch_rows(
     - And never more than the head request's deadline allows: l(b) <= ``slack_ms`` (the ms from
       now to the head's deadline), since it waits for the whole batch (Harpagon Section II,
       L_wc = d + b/T with the batch already collected). If not even l(1) fits, the head is late
-      whatever the batch: the size that ends the ``available_rows`` queued soonest on average,
-      the queue shared among the model's ``executors`` (``backlog_rows``).
+      whatever the batch: it is served alone while the model's ``executors``, one request at a
+      time, keep up with its ``arrivals_per_s`` (arrivals_per_s times the mean l(1) at most
+      ``executors``: the utilisation of one-by-one service, from the mean as queueing theory
+      reads it, not the high percentile that deadlines are read against); where they
+      would not, its queue is batched at the size that ends the ``available_rows`` queued soonest
+      on average, shared among the ``executors`` (``backlog_rows``).
     """
     allowed = max(1, min(available_rows, max_batch))
     if profile is None:
@@ -57,6 +66,13 @@ def cpu_batch_rows(
     # A hair of slack for float division (0.3 / 0.05 is 5.999...), so that the bound itself is reached.
     rows = allowed if amortizing + 1e-9 >= allowed else max(1, math.floor(amortizing + 1e-9))
     if profile.latency_ms(1) > slack_ms:
+        # Alone: in ROMA's CPU experiment, batching every late queue for its mean end had more
+        # violating windows than serving it one by one (docs/BENCHMARKS.md, "A late head's CPU
+        # batch: alone, the backlog's mean end, or alone unless one by one falls behind"). Yet
+        # a model whose requests come faster than one by one serves them never drains its queue
+        # once its heads are late (after a stall, say), where batches keep up: it is batched.
+        if arrivals_per_s * profile.mean_ms(1) / 1000 <= max(executors, 1):
+            return 1
         return backlog_rows(profile, rows, available_rows / max(executors, 1))
     return _most_within(profile, rows, slack_ms)
 

@@ -44,6 +44,7 @@ from schedulers.gpu import Dispatch, GpuScheduler, WaitUntil, batches_ms, gpu_ca
 from schedulers.gpu_memory import GpuMemory, Load
 from schedulers.priority import position, was_ahead
 from schedulers.profiles import LatencyProfile
+from schedulers.rate import ArrivalRate
 from schedulers.request import ENDED, QUEUED, RUNNING, Request, RequestQueue
 from schedulers.round_robin import RandomRoundRobin
 
@@ -152,6 +153,8 @@ class ModelState:
     # Rows -> since when admission has refused, for its measurements alone, every request of that
     # size (``_measures_anew``).
     refusing_since: dict[int, float] = field(default_factory=dict)
+    # Its requests over the last second, against which a late CPU head goes alone or batched.
+    arrivals: ArrivalRate = field(default_factory=ArrivalRate)
 
     @property
     def cpu_servers(self) -> int:
@@ -422,6 +425,8 @@ class DispatchCore:
         """Admit ``request`` (its arrival, rows, batch key, own timeout and payload set) or refuse it."""
         state = self.models[request.model]
         queue = state.queue
+        if state.cpu_executors:
+            state.arrivals.observe(now)
         request.deadline = request.arrival + state.sla_ms / 1000
         # The client's own deadline, where its timeout is tighter than the SLA (Triton reads 0 as none).
         own_timeout = request.timeout_s
@@ -1049,15 +1054,17 @@ class DispatchCore:
             share = self._cpu_share(state, now)  # another executor of the model may have taken some
             if not share:
                 continue
-            # Rows only where they amortize the CPU's fixed cost, within the head's deadline; for a
-            # head late whatever the batch, the size that ends the queue soonest on average, the
-            # queue shared among the model's ready executors (schedulers/cpu_batch.py).
+            # Rows only where they amortize the CPU's fixed cost, within the head's deadline; a
+            # head late whatever the batch goes alone, unless the model's ready executors one by
+            # one fall behind its arrivals: then the size that ends the queue soonest on average
+            # (schedulers/cpu_batch.py).
             available = sum(r.rows for r in itertools.islice(state.queue, share))
             slack_ms = (state.queue[0].deadline - now) * 1000
             if state.dispatch_batch > 1:
                 limit = planned_batch_rows(state.cpu_profile, available, state.dispatch_batch, state.max_batch, slack_ms)
             else:
-                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms, state.cpu_servers)
+                rate = state.arrivals.per_second(now)
+                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms, state.cpu_servers, rate)
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)
 

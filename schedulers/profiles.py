@@ -115,6 +115,15 @@ class LatencyProfile:
             self._sums = [0.0, 0.0, 0.0, 0.0]
             self.per_item_ms, self.fixed_ms = self.seed_per_item_ms, self.seed_fixed_ms
 
+    def mean_ms(self, batch_size: int) -> float:
+        """The mean of the window's samples for this batch size, else the linear fit: what a
+        batch takes on average, the service time of a queue's load (the high percentile of
+        ``latency_ms`` is for deadlines; under a CPU quota it is several times the mean)."""
+        samples = self._samples.get(batch_size)
+        if samples:
+            return sum(samples) / len(samples)
+        return self.per_item_ms * batch_size + self.fixed_ms
+
     def latency_ms(self, batch_size: int) -> float:
         """The measured high percentile for this batch size, else the linear fit."""
         measured = self._read.get(batch_size)

@@ -16,6 +16,11 @@ class ArrivalRate:
 
     def observe(self, now: float) -> None:
         self._times.append(now)
+        # Trimmed here too: a rate read seldom (a CPU model's, read when its head is late) kept
+        # every arrival since it was last read.
+        horizon = now - self.window_s
+        while self._times[0] < horizon:
+            self._times.popleft()
 
     def per_second(self, now: float) -> float:
         horizon = now - self.window_s
