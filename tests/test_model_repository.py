@@ -819,6 +819,22 @@ def test_a_load_the_drain_cuts_short_is_answered_503(tmp_path, example_models):
     assert "model slow: loaded" not in gateway.output()
 
 
+def reload_in_its_swap(
+    gateway, pool: concurrent.futures.Executor, batches: int, timeout_s: float
+) -> tuple[list[concurrent.futures.Future], concurrent.futures.Future]:
+    """A reload of ``mlp`` held in its swap: the model at a fiftieth of a core (1 ms of CPU each
+    50 ms) with ``batches`` requests of 32 rows queued, so that the model it replaces drains for
+    seconds, past its successor's start on a slow machine too. The queued requests and the reload."""
+    rows = json.dumps({"inputs": [{"name": "x", "shape": [32, 512], "datatype": "FP32", "data": [0.25] * 32 * 512}]})
+    requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": 0.02}, timeout=10).raise_for_status()
+    url = f"{gateway.base}/v2/models/mlp/infer"
+    infers = [pool.submit(requests.post, url, data=rows, timeout=timeout_s) for _ in range(batches)]
+    time.sleep(1.0)
+    reload = pool.submit(requests.post, f"{gateway.base}/v2/repository/models/mlp/load", timeout=timeout_s)
+    wait_for(lambda: index(gateway)["mlp"] == "UNLOADING", 60, "the reload unloading the model it replaces")
+    return infers, reload
+
+
 def test_a_reload_the_drain_cuts_short_while_its_model_drains_is_answered_503(tmp_path, example_models):
     """stop() came while the model being replaced drained its queue: the reload was answered 200
     and its stopped executor joined the dispatch core after the engine had stopped."""
@@ -827,17 +843,9 @@ def test_a_reload_the_drain_cuts_short_while_its_model_drains_is_answered_503(tm
         '[server]\ndrain_timeout_s = 0.5\n[node]\ncpu_cores = 2\n[models.mlp]\npath = "mlp.onnx"\nsla_ms = 20\n'
         "max_batch_size = 32\ncpu = { cores = 1.0, threads = 1 }\n"
     )
-    rows = json.dumps({"inputs": [{"name": "x", "shape": [32, 512], "datatype": "FP32", "data": [0.25] * 32 * 512}]})
     with run_gateway(tmp_path / "config.toml") as gateway:
-        # A fiftieth of a core (1 ms of CPU each 50 ms) and a queue of 100 batches of 32 rows: about
-        # 5 s of draining, past the successor's start on a slow machine too.
-        requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": 0.02}, timeout=10).raise_for_status()
         with concurrent.futures.ThreadPoolExecutor(102) as pool:
-            url = f"{gateway.base}/v2/models/mlp/infer"
-            infers = [pool.submit(requests.post, url, data=rows, timeout=60) for _ in range(100)]
-            time.sleep(1.0)
-            reload = pool.submit(requests.post, f"{gateway.base}/v2/repository/models/mlp/load", timeout=60)
-            wait_for(lambda: index(gateway)["mlp"] == "UNLOADING", 30, "the reload unloading the model it replaces")
+            infers, reload = reload_in_its_swap(gateway, pool, batches=100, timeout_s=60)  # about 5 s of draining
             waiting = pool.submit(requests.post, f"{gateway.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=60)
             time.sleep(0.2)  # in the swap, waiting for the successor
             gateway.process.send_signal(signal.SIGTERM)
@@ -862,20 +870,13 @@ def test_requests_that_wait_out_a_swap_from_before_sigterm_are_served_by_the_suc
         '[server]\ndrain_timeout_s = 60\n[node]\ncpu_cores = 2\n[models.mlp]\npath = "mlp.onnx"\nsla_ms = 20\n'
         "max_batch_size = 32\ncpu = { cores = 1.0, threads = 1 }\n"
     )
-    rows = json.dumps({"inputs": [{"name": "x", "shape": [32, 512], "datatype": "FP32", "data": [0.25] * 32 * 512}]})
     tensor = triton_grpc.InferInput("x", [1, 512], "FP32")
     tensor.set_data_from_numpy(np.full((1, 512), 0.25, dtype=np.float32))
     port = free_port()
     with run_gateway(tmp_path / "config.toml", args=["--grpc-port", str(port)]) as gateway:
-        # A fiftieth of a core and a queue of 60 batches of 32 rows: seconds of draining.
-        requests.put(f"{gateway.base}/admin/models/mlp/cores", json={"cores": 0.02}, timeout=10).raise_for_status()
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            url = f"{gateway.base}/v2/models/mlp/infer"
-            infers = [pool.submit(requests.post, url, data=rows, timeout=120) for _ in range(60)]
-            time.sleep(1.0)
-            reload = pool.submit(requests.post, f"{gateway.base}/v2/repository/models/mlp/load", timeout=120)
-            wait_for(lambda: index(gateway)["mlp"] == "UNLOADING", 60, "the reload unloading the model it replaces")
-            over_http = pool.submit(requests.post, url, json=MLP_BODY, timeout=120)
+            infers, reload = reload_in_its_swap(gateway, pool, batches=60, timeout_s=120)
+            over_http = pool.submit(requests.post, f"{gateway.base}/v2/models/mlp/infer", json=MLP_BODY, timeout=120)
             over_grpc = pool.submit(triton_grpc.InferenceServerClient(f"127.0.0.1:{port}").infer, "mlp", [tensor])
             time.sleep(0.3)  # both in the swap, waiting for the successor
             gateway.process.send_signal(signal.SIGTERM)
