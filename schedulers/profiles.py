@@ -118,7 +118,7 @@ class LatencyProfile:
     def mean_ms(self, batch_size: int) -> float:
         """The mean of the window's samples for this batch size, else the linear fit: what a
         batch takes on average, the service time of a queue's load (the high percentile of
-        ``latency_ms`` is for deadlines; under a CPU quota it is several times the mean)."""
+        ``latency_ms`` is for deadlines; a CPU quota's throttling can put it far above the mean)."""
         samples = self._samples.get(batch_size)
         if samples:
             return sum(samples) / len(samples)
