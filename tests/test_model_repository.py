@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.cluster import wait_for
-from tests.helpers import busy_model, free_port, run_gateway
+from tests.helpers import busy_model, free_port, metric_value, run_gateway
 
 MLP_BODY = {"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [0.25] * 512}]}
 
@@ -102,6 +102,10 @@ def _sending(url: str, body: dict, clients: int = 1) -> Iterator[list[tuple[int,
         done.set()
         for sender in senders:
             sender.join()
+
+
+def queued(gateway, model: str) -> float:
+    return metric_value(requests.get(f"{gateway.base}/metrics", timeout=10).text, "gateway_queue_length", model=model)
 
 
 def index(gateway) -> dict[str, str]:
@@ -578,10 +582,12 @@ def test_a_model_being_unloaded_is_not_listed_where_its_route_answers_404(reposi
     requests.post(f"{base}/load", headers=ADMIN, timeout=60).raise_for_status()
     pinned = requests.put(f"{repository.base}/admin/models/small/cores", json={"cores": 0.01}, headers=ADMIN, timeout=10)
     assert pinned.status_code == 200, pinned.text
-    with concurrent.futures.ThreadPoolExecutor(max_workers=41) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=121) as pool:
         infer = f"{repository.base}/v2/models/small/infer"
-        sent = [pool.submit(requests.post, infer, json=SMALL_BODY, timeout=60) for _ in range(40)]
-        time.sleep(0.5)  # queued behind a hundredth of a core
+        sent = [pool.submit(requests.post, infer, json=SMALL_BODY, timeout=60) for _ in range(120)]
+        # A backlog behind a hundredth of a core (about a second for 40 here): a fixed sleep before
+        # the unload found the queue already drained on a faster machine, and no UNLOADING to see.
+        wait_for(lambda: queued(repository, "small") >= 40, 10, "40 of small's requests queued")
         unloading = pool.submit(requests.post, f"{base}/unload", headers=ADMIN, timeout=60)
         wait_for(lambda: index(repository).get("small") == "UNLOADING", 10, "small unloading")
         listed = [m["name"] for m in requests.get(f"{repository.base}/admin/models", headers=ADMIN, timeout=10).json()["models"]]
