@@ -153,7 +153,8 @@ class ModelState:
     # Rows -> since when admission has refused, for its measurements alone, every request of that
     # size (``_measures_anew``).
     refusing_since: dict[int, float] = field(default_factory=dict)
-    # Its requests over the last second, against which a late CPU head goes alone or batched.
+    # Its admitted requests over the last second: Symphony's lambda for the GPU scheduler (which
+    # reads this one), and what a late CPU head goes alone or batched against.
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)
 
     @property
@@ -316,7 +317,7 @@ class DispatchCore:
         if state.cpu_executors:
             self._cpu_models.append(state)
         if self.gpu_scheduler is not None and gpu_profile is not None:
-            self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late, state.queue)
+            self.gpu_scheduler.add_model(name, sla_ms, max_batch, gpu_profile, drop_late, state.queue, state.arrivals)
             state.on_gpus = True
 
     def add_gpu_profile(self, model: str, profile: LatencyProfile, now: float) -> list[Action]:
@@ -326,7 +327,7 @@ class DispatchCore:
         if state.gpu_profile is not None or self.gpu_scheduler is None:
             return []
         state.gpu_profile = profile
-        self.gpu_scheduler.add_model(model, state.sla_ms, state.max_batch, profile, state.drop_late, state.queue)
+        self.gpu_scheduler.add_model(model, state.sla_ms, state.max_batch, profile, state.drop_late, state.queue, state.arrivals)
         state.on_gpus = True
         self.gpu_scheduler.on_queue_changed(model, now)
         state.watched = None
@@ -425,8 +426,6 @@ class DispatchCore:
         """Admit ``request`` (its arrival, rows, batch key, own timeout and payload set) or refuse it."""
         state = self.models[request.model]
         queue = state.queue
-        if state.cpu_executors:
-            state.arrivals.observe(now)
         request.deadline = request.arrival + state.sla_ms / 1000
         # The client's own deadline, where its timeout is tighter than the SLA (Triton reads 0 as none).
         own_timeout = request.timeout_s
@@ -471,6 +470,7 @@ class DispatchCore:
                 )
                 return [Fail((request,), 503, "refused_deadline", message)]
         request.state = QUEUED
+        state.arrivals.observe(now)  # admitted: refused requests add no load
         heapq.heappush(self._timeouts, (timeout_at, request.id, request))
         if len(self._timeouts) >= self._timeouts_compact_at:
             self._compact_timeouts()
@@ -478,8 +478,7 @@ class DispatchCore:
         if state.priority_levels > 1 and queue and (index := position(queue, request, now, state.priority_bound_s)) < len(queue):
             queue.insert(index, request)
             if state.on_gpus:
-                self.gpu_scheduler.on_arrival(state.name, now)  # counted; its candidate is formed anew
-                self.gpu_scheduler.on_queue_changed(state.name, now)
+                self.gpu_scheduler.on_queue_changed(state.name, now)  # its candidate is formed anew
             if index == 0:
                 self._touched[state.name] = state  # a new head, to look at and to watch
             return self._pump(now)

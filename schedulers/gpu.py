@@ -125,6 +125,7 @@ class GpuModel:
     drop_late: bool = True
     queue: RequestQueue = field(default_factory=RequestQueue)
     rate: ArrivalRate = field(default_factory=ArrivalRate)
+    counts_arrivals: bool = True  # False: ``rate`` is its owner's, who counts each admitted arrival
     recent_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=RECENT))
     candidate: Candidate | None = None
     version: int = 0  # bumped on every change of the candidate: older heap entries are stale
@@ -162,16 +163,24 @@ class GpuScheduler:
         profile: LatencyProfile,
         drop_late: bool = True,
         queue: RequestQueue | None = None,
+        rate: ArrivalRate | None = None,
     ) -> None:
         """``queue``: the model's queue, read in place (the dispatch core's); requests leave it
-        only through ``Dispatch`` decisions or with a call to ``on_queue_changed``."""
-        self.models[name] = GpuModel(sla_ms, max_batch, profile, drop_late, queue if queue is not None else RequestQueue())
+        only through ``Dispatch`` decisions or with a call to ``on_queue_changed``. ``rate``: the
+        model's arrival rate, read in place and counted by its owner (the dispatch core's, which
+        counts the requests it admits, whichever device serves them); without one, every
+        ``on_arrival`` is counted here."""
+        state = GpuModel(sla_ms, max_batch, profile, drop_late, queue if queue is not None else RequestQueue())
+        if rate is not None:
+            state.rate, state.counts_arrivals = rate, False
+        self.models[name] = state
 
     # -- events -----------------------------------------------------------------------------
     def on_arrival(self, model: str, now: float, request: Request | None = None) -> None:
         """``request`` was appended to the model's queue (None: only count the arrival)."""
         state = self.models[model]
-        state.rate.observe(now)
+        if state.counts_arrivals:
+            state.rate.observe(now)
         if request is None:
             return
         candidate = state.candidate

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, backlog_rows, cpu_batch_rows, dispatch_due, planned_batch_rows
-from schedulers.dispatch import CPU, DispatchCore, Start, WakeAt
+from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Start, WakeAt
+from schedulers.gpu import GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
 from schedulers.round_robin import RandomRoundRobin
@@ -129,14 +130,15 @@ def test_the_core_serves_a_late_head_alone_while_one_by_one_keeps_up():
     assert [r.id for r in start.batch.requests] == [0]
 
 
-def late_queue_start(arrivals: int, executors: int) -> int:
+def late_queue_start(arrivals: int, executors: int, max_queue_size: int = 10_000) -> int:
     """``arrivals`` requests over one second (SLA 1 ms, l(b) = b + 0.4 ms, amortizing up to 8
     rows) to ``executors`` ready from the start: the first requests keep them busy and the rest
-    queue. The rows of the batch that follows the first one's end, at the second's end."""
+    queue (those past ``max_queue_size`` are refused). The rows of the batch that follows the
+    first one's end, at the second's end."""
     core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
     for i in range(executors):
         core.add_executor(f"cpu-m~{i}", CPU, "m")
-    core.add_model("m", sla_ms=1.0, max_batch=8, max_queue_size=10_000, cpu_profile=LatencyProfile(1.0, 0.4))
+    core.add_model("m", sla_ms=1.0, max_batch=8, max_queue_size=max_queue_size, cpu_profile=LatencyProfile(1.0, 0.4))
     for i in range(executors):
         core.set_executor_ready(f"cpu-m~{i}", True, 0.0)
     first = [a for i in range(arrivals) for a in core.on_arrival(Request(i, "m", i / arrivals), i / arrivals)]
@@ -157,6 +159,26 @@ def test_a_late_queue_that_two_executors_keep_up_with_goes_one_by_one():
     # 1,000 requests a second are 0.7 s of work a second for each of two executors: alone.
     assert late_queue_start(1000, executors=2) == 1
     assert late_queue_start(1000, executors=1) == 8
+
+
+def test_requests_refused_at_admission_are_no_arrivals_of_the_late_head_rule():
+    # 800 requests in the second, 700 of them refused for a full queue: the 100 admitted are the
+    # load, which one executor serves one by one. Counted with the refused, it was batched.
+    assert late_queue_start(800, executors=1, max_queue_size=99) == 1
+
+
+def test_a_model_on_cpu_and_gpu_has_one_arrival_rate_of_admitted_requests():
+    # The GPU scheduler's lambda (Symphony Section 4.3) and the late CPU head's rate are one
+    # count: the core's, of the requests it admits (the core counted refused ones too).
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)), gpu_scheduler=GpuScheduler("deferral"))
+    core.add_executor("cpu-m", CPU, "m")
+    core.add_executor("gpu-0", GPU)
+    profile = LatencyProfile(1.0, 0.4)
+    core.add_model("m", sla_ms=1000.0, max_batch=8, max_queue_size=3, cpu_profile=profile, gpu_profile=profile)
+    answers = [a for i in range(10) for a in core.on_arrival(Request(i, "m", 0.001 * i), 0.001 * i)]
+    assert sum(isinstance(a, Fail) and a.status == 429 for a in answers) == 7
+    assert core.models["m"].arrivals.per_second(0.01) == 3
+    assert core.gpu_scheduler.models["m"].rate.per_second(0.01) == 3
 
 
 # -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------

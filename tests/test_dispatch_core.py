@@ -284,7 +284,7 @@ def test_a_deferred_gpu_batch_wakes_the_core_at_its_sched_at():
     # one waits until sched_at = deadline - l(2).
     core = core_with(gpus=1, cpu=False, gpu_profile=(1.0, 10.0), sla_ms=50)
     for i in range(1000):
-        core.gpu_scheduler.on_arrival("m", -0.5 + i * 1e-4)
+        core.models["m"].arrivals.observe(-0.5 + i * 1e-4)  # the rate the GPU scheduler reads
     request = Request(1, "m", 0.0)
     actions = core.on_arrival(request, 0.0)
     sched_at = 0.05 - 0.012
