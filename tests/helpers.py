@@ -319,3 +319,15 @@ def flag_values(argv: Sequence[str], flag: str) -> list[str]:
     """The values ``flag`` is given in a command line, written ``--flag value`` or ``--flag=value``."""
     values = [arg.removeprefix(f"{flag}=") for arg in argv if arg.startswith(f"{flag}=")]
     return values + [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+
+
+def period_closed(history_url: str) -> list[dict]:
+    """The history as soon as the controller closes its next period (polled every 10 ms)."""
+    count = len(requests.get(history_url, timeout=10).json()["history"])
+    deadline = time.perf_counter() + 5.0
+    while time.perf_counter() < deadline:
+        history = requests.get(history_url, timeout=10).json()["history"]
+        if len(history) > count:
+            return history
+        time.sleep(0.01)
+    raise AssertionError("the controller closed no period in 5 s")

@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.tools import bench
 from gateway.tools.arguments import rate_steps
 from gateway.tools.bench import arrival_times, open_loop
+from tests.cluster import wait_for
 from tests.helpers import ROOT, free_port, run_gateway, stand_in, write_config
 
 # A stand-in for a gateway: the model's metadata and config (its SLA), and infer answered at once.
@@ -32,11 +33,19 @@ async def metadata(request):
 async def config(request):
     return web.json_response({"parameters": {"sla_ms": {"string_value": "50"}}})
 
+served = 0
+
 async def infer(request):
+    global served
     await request.read()
+    served += 1
     return web.json_response({"outputs": []})
 
+async def count(request):
+    return web.json_response({"served": served})
+
 app = web.Application()
+app.router.add_get("/count", count)
 app.router.add_get("/v2/models/m", metadata)
 app.router.add_get("/v2/models/m/config", config)
 app.router.add_post("/v2/models/m/infer", infer)
@@ -145,9 +154,12 @@ def test_bench_keeps_its_results_when_the_gateway_dies(tmp_path):
     try:
         out = tmp_path / "result.json"
         command = [sys.executable, "-m", "gateway.cli", "bench", f"http://127.0.0.1:{port}", "--model", "m"]
-        load = ["--rate", "50", "--duration", "3", "--quiet", "--output", str(out)]
+        load = ["--rate", "50", "--duration", "6", "--quiet", "--output", str(out)]
         running = subprocess.Popen([*command, *load], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
+        # Killed mid-run, once some requests were answered (the bench's own start takes a
+        # second or more on a slow machine: a fixed time could kill it before its first).
+        count = f"http://127.0.0.1:{port}/count"
+        wait_for(lambda: requests.get(count, timeout=5).json()["served"] >= 20, 30, "20 requests served")
         server.kill()
         server.wait()
         stdout, stderr = running.communicate(timeout=60)

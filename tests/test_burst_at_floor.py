@@ -25,23 +25,11 @@ import time
 import pytest
 import requests
 
-from tests.helpers import cpu_ms_per_request, run_gateway
+from tests.helpers import cpu_ms_per_request, period_closed, run_gateway
 
 SLA_MS = 250.0
 BURST = 4.0  # the burst's work, in multiples of the floor
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]})
-
-
-def period_closed(history_url: str) -> list[dict]:
-    """The history as soon as the controller closes its next period (polled every 10 ms)."""
-    count = len(requests.get(history_url, timeout=10).json()["history"])
-    deadline = time.perf_counter() + 5.0
-    while time.perf_counter() < deadline:
-        history = requests.get(history_url, timeout=10).json()["history"]
-        if len(history) > count:
-            return history
-        time.sleep(0.01)
-    raise AssertionError("the controller closed no period in 5 s")
 
 
 # 0.1 core is the product's default floor; 0.05 is enforced as 1 ms of CPU every 20 ms (executors/limits.py).

@@ -19,14 +19,19 @@ KIND = {"device": "cpu", "threads": 1, "cores": 1.0}
 
 
 def delayed(executor: ProcessExecutor, printing: bool) -> ProcessExecutor:
-    """Make ``executor``'s launch wait 3 s (printing a line every 0.3 s, or not) before the worker runs."""
-    step = "print('loading', i, flush=True); " if printing else ""
+    """Make ``executor``'s launch wait 3 s before the worker runs, silent or printing a line every
+    0.2 s until its hello (a CPU worker prints nothing while it imports and opens its session,
+    which alone can take most of the 1 s on a slow machine)."""
+    ticking = (
+        "def tick():\n    i = 0\n    while True:\n        print('loading', i, flush=True)\n        i += 1\n"
+        "        time.sleep(0.2)\nthreading.Thread(target=tick, daemon=True).start()\n"
+    )
     original = executor.worker_arguments
 
     def arguments(connect, model_paths=None):
         worker = original(connect, model_paths)[2:]  # without "-m executors.worker"
         script = (
-            f"import runpy, sys, time\nfor i in range(10):\n    {step}time.sleep(0.3)\n"
+            f"import runpy, sys, threading, time\n{ticking if printing else ''}time.sleep(3)\n"
             f"sys.argv = ['executors.worker', *{worker!r}]\nrunpy.run_module('executors.worker', run_name='__main__')"
         )
         return ["-c", script]

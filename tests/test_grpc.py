@@ -20,6 +20,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.cluster import wait_for
 from tests.helpers import EXAMPLES, free_port, run_gateway, write_config
 from tests.perf_analyzer import run_perf_analyzer_for_test
 
@@ -232,13 +233,20 @@ def test_a_call_its_client_gives_up_on_is_counted_as_gone(grpc_gateway):
     os.kill(executor, signal.SIGSTOP)  # no call can end but by its client (well within the hang timeout)
     try:
         with grpc.insecure_channel(grpc_gateway.grpc_url) as channel:
+            # Connected first, and deadlines long enough to reach the server on a slow machine: a
+            # call whose deadline passed on its way, or cancelled before the server saw it, is no
+            # call of the gateway's to count.
+            grpc.channel_ready_future(channel).result(timeout=10)
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             for _ in range(3):
                 with pytest.raises(grpc.RpcError) as late:
-                    stub.ModelInfer(request, timeout=0.05)
+                    stub.ModelInfer(request, timeout=0.5)
                 assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            gone = before.get("client_gone", 0) + 3
+            wait_for(lambda: grpc_gateway.admin("mlp")["stats"]["outcomes"].get("client_gone", 0) >= gone, 10, "three gone")
+            in_flight = grpc_gateway.admin("mlp")["stats"]["in_flight"]
             calls = [stub.ModelInfer.future(request) for _ in range(3)]
-            time.sleep(0.05)
+            wait_for(lambda: grpc_gateway.admin("mlp")["stats"]["in_flight"] >= in_flight + 3, 10, "the three calls received")
             assert all(call.cancel() for call in calls)
     finally:
         os.kill(executor, signal.SIGCONT)

@@ -130,23 +130,31 @@ def test_a_model_is_loaded_served_and_unloaded_while_another_serves(repository, 
         expected = ort.InferenceSession(str(example_models / "mlp.onnx")).run(None, {"x": array})[0]
         np.testing.assert_allclose(client.infer("mlp2", [tensor]).as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
 
-        # Unloaded with requests to it in flight: each ends with an answer, none is lost.
+        # Unloaded with requests to it in flight: each ends with an answer, none is lost. Each
+        # sender goes on until it is told the model is gone (a fixed 40 each could all be
+        # answered before the unload on a fast machine).
         in_flight: list[tuple[int, str]] = []
+        sent = [0] * 4
 
-        def send_to_mlp2() -> None:
+        def send_to_mlp2(sender: int) -> None:
+            deadline = time.monotonic() + 60
             with requests.Session() as session:
-                for _ in range(40):
+                while time.monotonic() < deadline:
+                    sent[sender] += 1
                     response = session.post(f"{base}/v2/models/mlp2/infer", json=MLP_BODY, timeout=30)
                     in_flight.append((response.status_code, response.text))
+                    if response.status_code == 404:
+                        return
 
-        senders = [threading.Thread(target=send_to_mlp2) for _ in range(4)]
+        senders = [threading.Thread(target=send_to_mlp2, args=(i,)) for i in range(4)]
         for sender in senders:
             sender.start()
-        time.sleep(0.05)
+        wait_for(lambda: len(in_flight) >= 8, 10, "mlp2 serving its senders")
         client.unload_model("mlp2", headers=ADMIN)
         for sender in senders:
             sender.join()
-    assert len(in_flight) == 160
+    assert len(in_flight) == sum(sent)
+    assert [status for status, _ in in_flight].count(404) == 4, "a sender was never told the model is gone"
     statuses = {status for status, _ in in_flight}
     assert statuses <= {200, 404, 503} and 404 in statuses, statuses
     assert all("unloaded" in text or "unknown model" in text for status, text in in_flight if status != 200)

@@ -39,11 +39,25 @@ async def backlog(base: str, session: aiohttp.ClientSession, count: int) -> list
     return [asyncio.create_task(one()) for _ in range(count)]
 
 
+async def all_received(gateway, count: int) -> None:
+    """Until the gateway has received ``count`` requests of busy (one still on its way when the
+    signal comes is refused, rightly, as new)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = gateway.admin("busy")["stats"]
+        if stats["in_flight"] + sum(stats["outcomes"].values()) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the gateway did not receive {count} requests within 10 s")
+
+
 async def test_sigterm_drains_for_the_deadline_then_fails_the_rest_and_exits_0(tmp_path):
     with run_gateway(config(tmp_path, drain_s=2.0)) as gateway:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            # 0.1 core and ~7 ms of CPU a request: 100 requests are about 7 s of backlog.
-            tasks = await backlog(gateway.base, session, 100)
+        unlimited = aiohttp.TCPConnector(limit=0)  # all 200 sent at once
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=unlimited) as session:
+            # 0.1 core and 7-16 ms of CPU a request: 200 requests are 14 s of backlog or more, on a
+            # machine twice as fast too (100 could drain within the 3 s there).
+            tasks = await backlog(gateway.base, session, 200)
             await asyncio.sleep(1.0)
             assert gateway.admin("busy")["queue_length"] > 10
             signalled = time.monotonic()
@@ -69,7 +83,7 @@ async def test_a_backlog_that_fits_the_drain_is_served_in_full(tmp_path, sig):
     with run_gateway(config(tmp_path, drain_s=20.0)) as gateway:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             tasks = await backlog(gateway.base, session, 20)
-            await asyncio.sleep(0.3)
+            await all_received(gateway, 20)
             gateway.process.send_signal(sig)
             answers = await asyncio.gather(*tasks)
         assert [status for status, _, _ in answers] == [200] * 20
@@ -85,7 +99,7 @@ async def test_a_signal_to_the_gateways_whole_process_group_leaves_the_drain_to_
     with run_gateway(config(tmp_path, drain_s=20.0), preexec_fn=os.setpgrp) as gateway:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             tasks = await backlog(gateway.base, session, 20)
-            await asyncio.sleep(0.3)
+            await all_received(gateway, 20)
             os.killpg(gateway.process.pid, sig)
             answers = await asyncio.gather(*tasks)
         assert [status for status, _, _ in answers] == [200] * 20, answers
@@ -205,7 +219,9 @@ def test_grpc_calls_left_at_the_drains_end_are_answered_shutting_down(tmp_path):
     from tests.helpers import free_port
 
     grpc_port = free_port()
-    with run_gateway(config(tmp_path, drain_s=1.0), args=["--grpc-port", str(grpc_port)]) as gateway:
+    slow = busy_config(tmp_path, sla_ms=100, max_batch_size=1, cores=0.1, server="drain_timeout_s = 1.0")
+    slow.write_text(slow.read_text().replace("cores = 0.1,", "cores = 0.05, min_cores = 0.05,"))
+    with run_gateway(slow, args=["--grpc-port", str(grpc_port)]) as gateway:
         client = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         tensor = triton_grpc.InferInput("x", [1, 1, 8, 8], "FP32")
         tensor.set_data_from_numpy(np.full((1, 1, 8, 8), 0.5, np.float32))
@@ -219,7 +235,8 @@ def test_grpc_calls_left_at_the_drains_end_are_answered_shutting_down(tmp_path):
             except InferenceServerException as error:
                 errors.append(f"{error.status()} {error.message()}")
 
-        # 0.1 core and ~7 ms of CPU a request: 100 requests are about 7 s of backlog.
+        # A twentieth of a core and 7-16 ms of CPU a request: 100 requests are 14 s of backlog or
+        # more (at 0.1 core they could drain within the 2 s on a machine twice as fast).
         callers = [threading.Thread(target=call) for _ in range(100)]
         for caller in callers:
             caller.start()
