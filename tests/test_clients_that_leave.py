@@ -14,6 +14,7 @@ import time
 
 import requests
 
+from tests.cluster import wait_for
 from tests.helpers import metric_value, run_gateway
 
 ABANDONED = 60
@@ -35,7 +36,14 @@ def test_requests_of_clients_that_left_are_not_run(tmp_models):
         for _ in range(ABANDONED):
             with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
                 sock.sendall(head + body)
-        time.sleep(1.0)
+
+        def ended(page: str) -> bool:
+            ends = ("client_gone", "success")
+            outcomes = sum(metric_value(page, "gateway_requests_total", model="mlp", outcome=o) for o in ends)
+            return outcomes == ABANDONED and metric_value(page, "gateway_requests_in_flight", model="mlp") == 0
+
+        # Every abandoned request ends (polled: a slow machine notices the closed sockets later).
+        wait_for(lambda: ended(gateway.metrics()), 10, "the abandoned requests ended")
         metrics = gateway.metrics()
         started = time.perf_counter()
         good = requests.post(

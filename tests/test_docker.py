@@ -137,8 +137,7 @@ async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, t
 
         response = requests.put(f"{gateway.base}/admin/models/busy/cores", json={"cores": 1.5}, timeout=10)
         assert response.status_code == 200, response.text
-        await asyncio.sleep(0.5)
-        container.reload()
+        await resized(container, 15000)
         assert container.attrs["HostConfig"]["CpuQuota"] == 15000
         lifted = await container_cores(executor["pid"], url)
         assert lifted > 0.9, lifted
@@ -149,11 +148,20 @@ async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, t
         # Under 0.1 core the 1 ms least quota goes over a longer period: 0.05 core, not 0.1.
         response = requests.put(f"{gateway.base}/admin/models/busy/cores", json={"cores": 0.05}, timeout=10)
         assert response.status_code == 200, response.text
-        await asyncio.sleep(0.5)
-        container.reload()
+        await resized(container, 1000)
         assert (container.attrs["HostConfig"]["CpuQuota"], container.attrs["HostConfig"]["CpuPeriod"]) == (1000, 20000)
         (floored,) = gateway.admin("busy")["executors"]
         assert floored["enforced_cores"] == pytest.approx(0.05)
+
+
+async def resized(container, quota: int) -> None:
+    """Until Docker reports ``quota`` (the update runs in a thread of the gateway's; 10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        container.reload()
+        if container.attrs["HostConfig"]["CpuQuota"] == quota or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def test_a_killed_container_is_replaced_and_every_request_ends(client, tmp_path):
