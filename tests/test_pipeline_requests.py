@@ -23,7 +23,8 @@ import tritonclient.grpc as triton_grpc
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers import free_port, run_gateway, save_model, table_model
+from tests.cluster import wait_for
+from tests.helpers import free_port, metric_value, run_gateway, save_model, table_model
 from tests.perf_analyzer import run_perf_analyzer_for_test
 
 REQUEST_TIMEOUT_MS = 1500
@@ -189,6 +190,10 @@ def _received(gateway, model: str) -> float:
     return float(found[0].split()[-1]) if found else 0.0
 
 
+def _in_flight(gateway, model: str) -> float:
+    return metric_value(gateway.metrics(), "gateway_requests_in_flight", model=model)
+
+
 def _metric(gateway, model: str, outcome: str) -> float:
     line = f'gateway_requests_total{{model="{model}",outcome="{outcome}"}} '
     found = [row for row in gateway.metrics().splitlines() if row.startswith(line)]
@@ -240,7 +245,7 @@ def test_a_client_that_leaves_a_pipeline_is_gone_on_its_steps_models_too(pipelin
                 f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
-            time.sleep(0.3)  # in the model step by now
+            wait_for(lambda: _in_flight(pipeline, "mlp") >= 1, 10, "the request in the model step")
     finally:
         os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + 10
@@ -255,7 +260,8 @@ def test_sigterm_drains_a_pipeline_in_its_function_step(pipeline):
     answers: list[requests.Response] = []
     sender = threading.Thread(target=lambda: answers.append(_infer(pipeline, 0.8)[0]))
     sender.start()
-    time.sleep(0.3)  # the function step is running: no request of the pipeline is in a queue
+    # The function step is running: no request of the pipeline is in a queue.
+    wait_for(lambda: _in_flight(pipeline, "waits") >= 1, 10, "the request in the pipeline")
     pipeline.process.send_signal(signal.SIGTERM)
     sender.join()
     assert answers[0].status_code == 200, answers[0].text
@@ -416,7 +422,11 @@ def test_a_failed_chunk_withdraws_its_requests_other_chunks(pipeline):
     body = {"inputs": [{"name": "idx", "datatype": "INT64", "shape": [320], "data": indices}]}
     response = requests.post(f"{pipeline.base}/v2/models/looks/infer", json=body, timeout=30)
     assert response.status_code == 400 and "idx=100" in response.json()["error"], response.text
-    time.sleep(1.0)  # what was left queued would have been served by now
+
+    def ended() -> bool:  # every chunk that reached the model's queue ended (served, had it not been withdrawn)
+        return sum(_metric(pipeline, "lookup", o) - before[o] for o in outcomes) >= _received(pipeline, "lookup") - received
+
+    wait_for(ended, 10, "the chunks that reached the model ended")
     served, failed, withdrawn, gone = (_metric(pipeline, "lookup", o) - before[o] for o in outcomes)
     assert failed == 1 and withdrawn >= 1 and gone == 0, (served, failed, withdrawn, gone)
     assert served <= 4 + 2  # the four before it, and what was already running beside it
