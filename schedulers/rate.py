@@ -18,12 +18,13 @@ class ArrivalRate:
         self._times.append(now)
         # Trimmed here too: a rate read seldom (a CPU model's, read when its head is late) kept
         # every arrival since it was last read.
-        horizon = now - self.window_s
-        while self._times[0] < horizon:
-            self._times.popleft()
+        self._trim(now)
 
     def per_second(self, now: float) -> float:
+        self._trim(now)
+        return len(self._times) / self.window_s
+
+    def _trim(self, now: float) -> None:
         horizon = now - self.window_s
         while self._times and self._times[0] < horizon:
             self._times.popleft()
-        return len(self._times) / self.window_s

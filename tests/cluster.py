@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -170,4 +171,14 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
         if predicate():
             return
         time.sleep(0.1)
+    raise TimeoutError(f"{what} not within {timeout} s")
+
+
+async def wait_for_async(predicate: Any, timeout: float, what: str) -> None:
+    """``wait_for`` inside a test's event loop, which goes on running (a client's tasks on it too)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
     raise TimeoutError(f"{what} not within {timeout} s")

@@ -29,6 +29,7 @@ from docker.models.containers import ContainerCollection
 import executors.lifecycle
 from executors.container import LABEL, OWNER_LABEL, DockerBackend, DockerExecutor, DockerUnavailable
 from executors.lifecycle import ExecutorStartError
+from tests.cluster import wait_for_async
 from tests.helpers import ROOT, busy_model, fixed_shape_model, run_gateway
 from tests.test_executor_crash import BODY, _load
 from tests.test_executor_start_deadline import KIND, delayed
@@ -156,12 +157,12 @@ async def test_a_container_resized_from_0_3_to_1_5_cores_while_serving(client, t
 
 async def resized(container, quota: int) -> None:
     """Until Docker reports ``quota`` (the update runs in a thread of the gateway's; 10 s at most)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def reported() -> bool:
         container.reload()
-        if container.attrs["HostConfig"]["CpuQuota"] == quota or time.monotonic() > deadline:
-            return
-        await asyncio.sleep(0.1)
+        return container.attrs["HostConfig"]["CpuQuota"] == quota
+
+    await wait_for_async(reported, 10, f"a CPU quota of {quota}")
 
 
 async def test_a_killed_container_is_replaced_and_every_request_ends(client, tmp_path):

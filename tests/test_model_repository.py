@@ -105,7 +105,7 @@ def _sending(url: str, body: dict, clients: int = 1) -> Iterator[list[tuple[int,
 
 
 def queued(gateway, model: str) -> float:
-    return metric_value(requests.get(f"{gateway.base}/metrics", timeout=10).text, "gateway_queue_length", model=model)
+    return metric_value(gateway.metrics(), "gateway_queue_length", model=model)
 
 
 def index(gateway) -> dict[str, str]:

@@ -19,6 +19,7 @@ import psutil
 import requests
 import tritonclient.http as triton
 
+from tests.cluster import wait_for_async
 from tests.helpers import ROOT, busy_config, run_gateway
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}
@@ -87,9 +88,7 @@ async def test_a_request_past_its_timeout_is_answered_and_never_run(tmp_path):
             found = re.search(r'^gateway_batch_size_sum\{model="busy"\} (\S+)$', gateway.metrics(), re.M)
             return float(found.group(1)) if found else 0.0
 
-        deadline = time.monotonic() + 10
-        while rows() < expected and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: rows() >= expected, 10, f"{expected} rows run")
         await asyncio.sleep(0.5)  # and no row more after it
         assert rows() == expected
         assert gateway.admin("busy")["stats"]["outcomes"]["timeout"] == len(timed_out)

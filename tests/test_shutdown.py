@@ -22,6 +22,7 @@ import pytest
 import requests
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.cluster import wait_for_async
 from tests.helpers import busy_config, run_gateway
 
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
@@ -42,13 +43,12 @@ async def backlog(base: str, session: aiohttp.ClientSession, count: int) -> list
 async def all_received(gateway, count: int) -> None:
     """Until the gateway has received ``count`` requests of busy (one still on its way when the
     signal comes is refused, rightly, as new)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def received() -> int:
         stats = gateway.admin("busy")["stats"]
-        if stats["in_flight"] + sum(stats["outcomes"].values()) >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the gateway did not receive {count} requests within 10 s")
+        return stats["in_flight"] + sum(stats["outcomes"].values())
+
+    await wait_for_async(lambda: received() >= count, 10, f"{count} requests received")
 
 
 async def test_sigterm_drains_for_the_deadline_then_fails_the_rest_and_exits_0(tmp_path):
