@@ -167,10 +167,13 @@ def test_a_worker_killed_under_load_fails_only_its_batches_and_is_taken_back(tmp
                 wait_for(lambda: len(workers_answering(load.answers)) == 3, 20, "all three workers used")
                 killed_at = time.monotonic()
                 victim.kill()
-                time.sleep(3)
+                for gateway in (first, second):
+                    wait_for(lambda g=gateway: victim.endpoint not in connected(g), 10, "the killed worker noticed")
+                noticed_at = time.monotonic()
                 # Routed around: the other workers keep serving both dispatchers.
-                after = load.since(killed_at + 1.0)
-                assert after and all(a[2] == 200 for a in after), collections.Counter(a[2] for a in after)
+                wait_for(lambda: len(load.since(noticed_at)) >= 40, 20, "requests served once it was noticed")
+                after = load.since(noticed_at)
+                assert all(a[2] == 200 for a in after), collections.Counter(a[2] for a in after)
                 assert victim.endpoint not in {a[3].split("/")[0] for a in after}
                 victim.start()
                 victim.wait_ready()
@@ -186,7 +189,8 @@ def test_a_worker_killed_under_load_fails_only_its_batches_and_is_taken_back(tmp
             assert max(a[1] for a in answers) < REQUEST_TIMEOUT_MS / 1000 + 1.0
             failed = [a for a in answers if a[2] == 503]
             assert all(victim.endpoint in a[3] for a in failed), failed
-            assert all(killed_at - 0.5 <= a[0] <= killed_at + 0.5 for a in failed), failed
+            # Only requests in flight at the kill, or sent to it before the dispatchers noticed.
+            assert all(a[0] + a[1] >= killed_at and a[0] <= noticed_at for a in failed), failed
             assert statuses[200] > 100
 
 
@@ -204,9 +208,9 @@ def test_a_worker_cut_off_is_noticed_by_its_silence_and_taken_back(tmp_path: Pat
                 hosts.cut(1)  # no FIN, no RST: only the heartbeat can tell
                 wait_for(lambda: cut.endpoint not in connected(gateway), 6, "the cut-off worker noticed")
                 noticed_at = time.monotonic()
-                time.sleep(1.0)
+                wait_for(lambda: len(load.since(noticed_at)) >= 20, 20, "requests served once it was noticed")
                 after = load.since(noticed_at)
-                assert after and all(a[2] == 200 and not a[3].startswith(cut.endpoint) for a in after)
+                assert all(a[2] == 200 and not a[3].startswith(cut.endpoint) for a in after)
                 hosts.restore(1)
                 restored_at = time.monotonic()
                 wait_for(lambda: any(a[3].startswith(cut.endpoint) for a in load.since(restored_at)), 15, "used again")
@@ -324,9 +328,9 @@ def test_workers_found_and_drained_through_dns_without_a_restart(tmp_path: Path)
                 dns.set(name, [hosts.address(1)])  # the first pod is going away
                 wait_for(lambda: connected(gateway) == {second}, 10, "the old worker drained")
                 drained_at = time.monotonic()
-                time.sleep(1.0)
+                wait_for(lambda: len(load.since(drained_at)) >= 20, 20, "requests served once it was drained")
                 after = load.since(drained_at)
-                assert after and all(a[2] == 200 and a[3].startswith(second) for a in after)
+                assert all(a[2] == 200 and a[3].startswith(second) for a in after)
             # Drained, not cut: nothing failed.
             assert {a[2] for a in load.answers} == {200}, [a for a in load.answers if a[2] != 200][:3]
 
@@ -502,10 +506,10 @@ def test_a_dispatcher_killed_loses_only_its_own_requests(tmp_path: Path):
                 doomed.process.wait()
                 # The workers notice the closed connections and keep serving the other dispatcher.
                 wait_for(lambda: all(n.state()["dispatchers"] == 1 for n in nodes), 10, "the workers let it go")
-                time.sleep(1.5)
+                let_go_at = time.monotonic()
+                wait_for(lambda: workers_answering(kept.since(let_go_at)) == set(workers), 20, "both workers used after")
             # The survivor lost nothing, before, during or after, and still uses both workers.
             assert kept.answers and {a[2] for a in kept.answers} == {200}, collections.Counter(a[2] for a in kept.answers)
-            assert workers_answering(kept.since(killed_at + 0.5)) == set(workers)
             # The killed dispatcher's own clients got errors once it was gone (nothing else could answer them).
             assert any(a[2] == 0 for a in lost.since(killed_at))
 
