@@ -443,6 +443,12 @@ def _model_series(gateway, model: str) -> dict[str, float]:
     return found
 
 
+def _in_flight(gateway) -> float:
+    """Requests in flight in the whole gateway, as its metrics count them."""
+    lines = gateway.metrics().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("gateway_requests_in_flight{"))
+
+
 def _straddling(gateway, method: str, path: str, body: bytes, meanwhile, split: int = 100, headers: str = "") -> bytes:
     """Send the request's head and the first ``split`` bytes of its body, let its handler find its
     model, run ``meanwhile()``, then send the rest: the head of the answer."""
@@ -452,7 +458,10 @@ def _straddling(gateway, method: str, path: str, body: bytes, meanwhile, split: 
             f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body[:split]
         )
-        time.sleep(0.3)  # looked up; the rest of its body to come
+        if "/infer" in path:  # counted in flight once its handler has found its model
+            wait_for(lambda: _in_flight(gateway) == 1, 10, f"{path} in flight")
+        else:  # an admin change shows nothing while it waits for its body
+            time.sleep(0.3)
         meanwhile()
         sock.sendall(body[split:])
         return sock.recv(65536)
