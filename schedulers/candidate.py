@@ -13,9 +13,10 @@ Symphony's l grows with the batch; a measured one need not, and sched_at is then
 most invalid_after (the paper's rule wherever l grows, as in every zoo).
 
 A candidate is schedulable (the non-work-conserving rule) when it holds at least beta x lambda
-requests (beta: the profile's fixed cost, lambda: the arrival rate), when it cannot grow (full,
-or the next queued request does not fit), or when now >= sched_at; a work-conserving scheduler
-treats every candidate as schedulable.
+rows (beta: the profile's fixed cost, lambda: the arrival rate in rows a second, the unit of b:
+Symphony's requests are one item each, schedulers/rate.py), when it cannot grow (full, or the
+next queued request does not fit), or when now >= sched_at; a work-conserving scheduler treats
+every candidate as schedulable.
 
 Candidates are kept, not rebuilt per decision (Symphony's ModelThread, Section 4.5): an arrival
 grows the candidate in O(1) (``grow``) when the new request fits, and a candidate is formed
@@ -198,7 +199,7 @@ def _time(
     candidate: Candidate, profile: LatencyProfile, now: float, arrival_rate: float, defer: bool, latency_ms: float | None = None
 ) -> None:
     """sched_at, invalid_after and whether the candidate is schedulable now (Section 4.3).
-    ``latency_ms``: l(rows), where the caller has it already."""
+    ``arrival_rate``: rows a second; ``latency_ms``: l(rows), where the caller has it already."""
     rows, deadline = candidate.rows, candidate.deadline
     if latency_ms is None:
         latency_ms = profile.latency_ms(rows)

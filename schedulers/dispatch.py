@@ -470,7 +470,7 @@ class DispatchCore:
                 )
                 return [Fail((request,), 503, "refused_deadline", message)]
         request.state = QUEUED
-        state.arrivals.observe(now)  # admitted: refused requests add no load
+        state.arrivals.observe(now, request.rows)  # admitted: refused requests add no load
         heapq.heappush(self._timeouts, (timeout_at, request.id, request))
         if len(self._timeouts) >= self._timeouts_compact_at:
             self._compact_timeouts()
@@ -1062,8 +1062,16 @@ class DispatchCore:
             if state.dispatch_batch > 1:
                 limit = planned_batch_rows(state.cpu_profile, available, state.dispatch_batch, state.max_batch, slack_ms)
             else:
-                rate = state.arrivals.per_second(now)
-                limit = cpu_batch_rows(state.cpu_profile, available, state.max_batch, slack_ms, state.cpu_servers, rate)
+                arrivals = state.arrivals
+                limit = cpu_batch_rows(
+                    state.cpu_profile,
+                    available,
+                    state.max_batch,
+                    slack_ms,
+                    state.cpu_servers,
+                    arrivals.per_second(now),
+                    arrivals.rows_per_request(now),
+                )
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)
 

@@ -180,7 +180,7 @@ class GpuScheduler:
         """``request`` was appended to the model's queue (None: only count the arrival)."""
         state = self.models[model]
         if state.counts_arrivals:
-            state.rate.observe(now)
+            state.rate.observe(now, request.rows if request is not None else 1)
         if request is None:
             return
         candidate = state.candidate
@@ -194,7 +194,7 @@ class GpuScheduler:
                 state.profile,
                 max_batch=state.max_batch,
                 now=now,
-                arrival_rate=state.rate.per_second(now),
+                arrival_rate=state.rate.rows_per_second(now),
                 defer=self._defer,
                 prune=state.drop_late,
             )
@@ -241,7 +241,7 @@ class GpuScheduler:
             max_batch=state.max_batch,
             now=start,
             start=start,
-            arrival_rate=state.rate.per_second(start),
+            arrival_rate=state.rate.rows_per_second(start),
             defer=self._defer,
             prune=state.drop_late,
             drop_early=self._drop_early,

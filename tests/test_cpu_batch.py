@@ -181,6 +181,40 @@ def test_a_model_on_cpu_and_gpu_has_one_arrival_rate_of_admitted_requests():
     assert core.gpu_scheduler.models["m"].rate.per_second(0.01) == 3
 
 
+
+def late_queue_of_rows(arrivals: int, rows: int) -> int:
+    """``arrivals`` requests of ``rows`` rows each over one second (SLA 1 ms, l(b) = b + 4 ms, so
+    up to 80 rows amortize) to one executor: the requests in the batch that follows the first
+    one's end, at the second's end."""
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
+    core.add_executor("cpu-m", CPU, "m")
+    core.add_model("m", sla_ms=1.0, max_batch=64, max_queue_size=10_000, cpu_profile=LatencyProfile(1.0, 4.0))
+    core.set_executor_ready("cpu-m", True, 0.0)
+    first = [a for i in range(arrivals) for a in core.on_arrival(Request(i, "m", i / arrivals, rows=rows), i / arrivals)]
+    batch = next(a.batch for a in first if isinstance(a, Start))
+    (start,) = starts(core.on_batch_done(batch, 4.0 + rows, 1.0))
+    return len(start.batch.requests)
+
+
+def test_one_by_one_service_of_a_late_queue_is_weighed_at_the_rows_each_request_brings():
+    # 120 requests a second of 8 rows: alone, each takes l(8) = 12 ms, 1.44 s of work a second
+    # for one executor, so the late queue is batched. Weighed at l(1) = 5 ms (0.6 s a second)
+    # they seemed to keep up, and went one by one behind a queue that never drained.
+    assert late_queue_of_rows(120, rows=8) > 1
+    # 60 a second of 8 rows are 0.72 s of work a second: alone. 120 of 1 row, 0.6 s: alone.
+    assert late_queue_of_rows(60, rows=8) == 1
+    assert late_queue_of_rows(120, rows=1) == 1
+
+
+def test_the_late_head_rule_reads_the_mean_rows_of_the_requests():
+    profile = LatencyProfile(1.0, 4.0)
+    # 100 late requests a second are 100 l(r) of work a second one by one, r their mean rows:
+    # at 1 row 0.5 s, at 6 rows (l(6) = 10 ms) the whole of one executor's second, kept up with:
+    # alone. At 7 rows (l(7) = 11 ms), 1.1 s: batched. The rule read l(1) whatever the rows.
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 1.0) == 1
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 6.0) == 1
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 7.0) > 1
+
 # -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------
 def planned_core(planned: int, sla_ms: float = 100.0) -> DispatchCore:
     core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))

@@ -12,6 +12,7 @@ from schedulers.candidate import form_candidate
 from schedulers.deficit import deficit
 from schedulers.gpu import DUE_MARGIN_S, POLICIES, SHED_ABOVE_BAD_RATE, Dispatch, GpuScheduler, WaitUntil, gpu_can_finish
 from schedulers.profiles import LatencyProfile
+from schedulers.rate import ArrivalRate
 from schedulers.request import Request, RequestQueue
 
 
@@ -296,7 +297,7 @@ def test_an_arrival_grows_the_kept_candidate_as_forming_it_anew_would():
             queue.append(request)
             scheduler.on_arrival("m", t, request)
             kept = scheduler.models["m"].candidate
-            rate = scheduler.models["m"].rate.per_second(t)
+            rate = scheduler.models["m"].rate.rows_per_second(t)
             defer, drop = policy in ("deferral", "fair_deferral"), policy == "fair_deferral"
             fresh = form_candidate(
                 "m", queue, profile, max_batch=6, now=t, start=t, arrival_rate=rate, defer=defer, drop_early=drop
@@ -385,3 +386,38 @@ def test_a_batch_never_starts_with_a_request_of_many_rows_that_cannot_fit_alone(
     rows = sum(r.rows for r in decision.requests)
     assert profile.latency_ms(rows) / 1000 <= min(r.deadline for r in decision.requests)
     assert all(r.rows == 1 for r in decision.requests)
+
+
+@pytest.mark.parametrize("policy", ["deferral", "fair_deferral"])
+def test_beta_lambda_counts_rows_as_the_batch_does(policy):
+    # Symphony's lambda and its batch size share a unit (a request is one item there); here a
+    # batch is sized in rows. 50 requests of 4 rows in the last second are 200 rows a second:
+    # beta x lambda = 30 ms x 200/s = 6 rows, so one request of 4 rows waits to grow. Counted
+    # in requests (1.5), it was schedulable at once, a batch of one on the GPU's fixed cost.
+    queue, rate = RequestQueue(), ArrivalRate()
+    scheduler = GpuScheduler(policy)
+    scheduler.add_model("m", sla_ms=200, max_batch=32, profile=linear(1, 30), queue=queue, rate=rate)
+    for i in range(49):
+        rate.observe(0.02 * i, rows=4)  # served already
+    now = 0.98
+    request = Request(100, "m", now, now + 0.2, rows=4)
+    queue.append(request)
+    rate.observe(now, rows=4)
+    scheduler.on_arrival("m", now, request)
+    assert isinstance(scheduler.decide(now, "g", now), WaitUntil)
+    # One request more, 8 rows of the 6: schedulable.
+    later = Request(101, "m", now + 0.001, now + 0.201, rows=4)
+    queue.append(later)
+    rate.observe(now + 0.001, rows=4)
+    scheduler.on_arrival("m", now + 0.001, later)
+    assert dispatched(scheduler.decide(now + 0.001, "g", now + 0.001)) == ("m", 2)
+
+
+def test_an_arrival_rate_counts_requests_and_their_rows_over_its_window():
+    rate = ArrivalRate(window_s=1.0)
+    for i, rows in enumerate([1, 4, 8, 3]):
+        rate.observe(0.25 * i, rows)
+    assert (rate.per_second(0.75), rate.rows_per_second(0.75), rate.rows_per_request(0.75)) == (4, 16, 4)
+    # At 1.1 the arrival at 0 (1 row) has left the window; at 3 every one has.
+    assert (rate.per_second(1.1), rate.rows_per_second(1.1), rate.rows_per_request(1.1)) == (3, 15, 5)
+    assert (rate.per_second(3.0), rate.rows_per_second(3.0), rate.rows_per_request(3.0)) == (0, 0, 1)
