@@ -181,7 +181,6 @@ def test_a_model_on_cpu_and_gpu_has_one_arrival_rate_of_admitted_requests():
     assert core.gpu_scheduler.models["m"].rate.per_second(0.01) == 3
 
 
-
 def late_queue_of_rows(arrivals: int, rows: int) -> int:
     """``arrivals`` requests of ``rows`` rows each over one second (SLA 1 ms, l(b) = b + 4 ms, so
     up to 80 rows amortize) to one executor: the requests in the batch that follows the first
@@ -214,6 +213,7 @@ def test_the_late_head_rule_reads_the_mean_rows_of_the_requests():
     assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 1.0) == 1
     assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 6.0) == 1
     assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 7.0) > 1
+
 
 # -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------
 def planned_core(planned: int, sla_ms: float = 100.0) -> DispatchCore:
