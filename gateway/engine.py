@@ -62,7 +62,7 @@ from schedulers.autoscale import ScalingSignal, scaling_signal
 from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, Fail, Finish, Start, WakeAt, cpu_executor_id
 from schedulers.gpu_memory import Load
 from schedulers.profiles import LatencyProfile
-from schedulers.request import Request
+from schedulers.request import ENDED, Request
 from supervisor.node import Allocation, Window
 
 # Control periods kept for the admin API's history: an hour at ROMA's 1 s period.
@@ -1318,7 +1318,15 @@ class Engine:
                     runs.append(BatchTiming.measured(request.rows, 0.0, time.perf_counter() - sent, ms, 0.0))
                     compute_ms += ms
         except ExecutorFailed as error:
-            return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, f"executor {executor.id} failed: {error}")
+            message = f"executor {executor.id} failed: {error}"
+            if any(run is not None for run in runs):
+                # The requests that ran before it failed are answered with their results (all
+                # were answered 503); the one it failed on and those after it end 503.
+                unrun = batch.requests[len(parts) :]
+                rest = [RequestFailed(message, 503, EXECUTOR_FAILED, dispatched=r.dispatched) for r in unrun]
+                self._outputs[batch.id] = (parts + rest, runs + [None] * len(rest))
+                self._finish(Finish(batch, tuple(r for r in batch.requests if r.state != ENDED)))
+            return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message)
         self._outputs[batch.id] = (parts, runs)
         # The time of several runs of one request is no batch's l(b): the profiles learn nothing.
         return self.core.on_batch_done(batch, compute_ms, self.now, learn=False)
