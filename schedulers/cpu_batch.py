@@ -23,6 +23,13 @@ from schedulers.profiles import LatencyProfile
 # under 5% of per_item_ms, and mostly makes the head request wait longer.
 AMORTIZED_SHARE = 0.05
 
+# A late queue goes one by one only while that keeps its executors at most this busy. At 1 they
+# are never idle and the queue never drains; a closed loop (clients that send their next request
+# when answered: perf_analyzer's concurrency mode) reads exactly 1 however long its requests
+# wait, its arrivals being its completions, and stayed one by one after a stall (8 clients at 40
+# ms a request where batches take 12 ms).
+ONE_BY_ONE_MAX_UTILISATION = 0.9
+
 
 def amortizing_rows(profile: LatencyProfile) -> float:
     """The largest b whose per-row share of the fixed cost, fixed_ms / b, is still at least
@@ -55,9 +62,9 @@ def cpu_batch_rows(
       L_wc = d + b/T with the batch already collected). If not even l(1) fits, the head is late
       whatever the batch: it is served alone while the model's ``executors``, one request at a
       time, keep up with its ``arrivals_per_s`` (arrivals_per_s times the mean l(r) at most
-      ``executors``, r the ``rows_per_request`` each request brings, rounded: the utilisation of
-      one-by-one service, from the mean as queueing theory reads it, not the high percentile
-      that deadlines are read against); where they
+      ONE_BY_ONE_MAX_UTILISATION of ``executors``, r the ``rows_per_request`` each request
+      brings, rounded: the utilisation of one-by-one service, from the mean as queueing theory
+      reads it, not the high percentile that deadlines are read against); where they
       would not, its queue is batched at the size that ends the ``available_rows`` queued soonest
       on average, shared among the ``executors`` (``backlog_rows``).
     """
@@ -76,7 +83,7 @@ def cpu_batch_rows(
         # A request goes alone with all its rows: 8-row requests read at l(1) seemed 3x lighter
         # one by one than they are (l(b) = b + 0.4 ms).
         alone_ms = profile.mean_ms(max(1, round(rows_per_request)))
-        if arrivals_per_s * alone_ms / 1000 <= max(executors, 1):
+        if arrivals_per_s * alone_ms / 1000 <= ONE_BY_ONE_MAX_UTILISATION * max(executors, 1):
             return 1
         return backlog_rows(profile, rows, available_rows / max(executors, 1))
     return _most_within(profile, rows, slack_ms)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
 from schedulers.cpu_batch import AMORTIZED_SHARE, amortizing_rows, backlog_rows, cpu_batch_rows, dispatch_due, planned_batch_rows
-from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Start, WakeAt
+from schedulers.dispatch import CPU, GPU, DispatchCore, Fail, Finish, Start, WakeAt
 from schedulers.gpu import GpuScheduler
 from schedulers.profiles import LatencyProfile
 from schedulers.request import Request
@@ -47,10 +48,12 @@ def test_the_head_requests_slack_caps_the_batch():
     assert cpu_batch_rows(profile, 8, 8, 1.0) == 2
     assert cpu_batch_rows(profile, 8, 8, -20.0) == 2
     # That is for a model whose executors one request at a time fall behind its arrivals (800 a
-    # second of 1.4 ms each: 1.12 s of work a second). Where they keep up (700: 0.98 s; or 1,000
-    # over two executors: 0.7 s each), the late head goes alone.
+    # second of 1.4 ms each: 1.12 s of work a second), or only just keep up (700: 0.98 s, never
+    # idle). Where they keep up with room (600: 0.84 s; or 1,000 over two executors: 0.7 s
+    # each), the late head goes alone.
     assert cpu_batch_rows(profile, 8, 8, 1.0, arrivals_per_s=800.0) == 2
-    assert cpu_batch_rows(profile, 8, 8, 1.0, arrivals_per_s=700.0) == 1
+    assert cpu_batch_rows(profile, 8, 8, 1.0, arrivals_per_s=700.0) == 2
+    assert cpu_batch_rows(profile, 8, 8, 1.0, arrivals_per_s=600.0) == 1
     assert cpu_batch_rows(profile, 8, 8, 1.0, executors=2, arrivals_per_s=1000.0) == 1
     assert cpu_batch_rows(LatencyProfile(1.0, 0.05), 8, 8, -20.0) == 1  # a linear cost: nothing to amortize
     assert planned_batch_rows(profile, 8, 4, 8, -20.0) == 4
@@ -208,11 +211,55 @@ def test_one_by_one_service_of_a_late_queue_is_weighed_at_the_rows_each_request_
 def test_the_late_head_rule_reads_the_mean_rows_of_the_requests():
     profile = LatencyProfile(1.0, 4.0)
     # 100 late requests a second are 100 l(r) of work a second one by one, r their mean rows:
-    # at 1 row 0.5 s, at 6 rows (l(6) = 10 ms) the whole of one executor's second, kept up with:
-    # alone. At 7 rows (l(7) = 11 ms), 1.1 s: batched. The rule read l(1) whatever the rows.
+    # at 1 row 0.5 s, at 5 rows (l(5) = 9 ms) 0.9 s of one executor's second: alone. At 6 rows
+    # (l(6) = 10 ms), the whole second: batched. The rule read l(1) whatever the rows.
     assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 1.0) == 1
-    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 6.0) == 1
-    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 7.0) > 1
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 5.0) == 1
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 6.0) > 1
+
+
+def closed_loop(clients: int, stall_s: float, seconds: float = 2.0) -> tuple[list[int], list[float]]:
+    """``clients`` that each send their next request the moment their last is answered (a closed
+    loop, perf_analyzer's concurrency mode) to one CPU executor, l(b) = b + 4 ms exactly, SLA 20
+    ms; the executor is ready only ``stall_s`` after their first requests. The rows of each
+    batch, and each request's response time (ms), over ``seconds``."""
+    core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
+    core.add_executor("cpu-m", CPU, "m")
+    core.add_model("m", sla_ms=20.0, max_batch=64, max_queue_size=1000, cpu_profile=LatencyProfile(1.0, 4.0))
+    ids = iter(range(1_000_000))
+    running: list[Start] = []
+    for _ in range(clients):
+        running += starts(core.on_arrival(Request(next(ids), "m", 0.0), 0.0))
+    running += starts(core.set_executor_ready("cpu-m", True, stall_s))
+    rows, responses = [], []
+    while running:
+        (start,) = running
+        batch = start.batch
+        compute_ms = batch.rows + 4.0
+        end = batch.started + compute_ms / 1000
+        if end > seconds:
+            break
+        rows.append(batch.rows)
+        actions = core.on_batch_done(batch, compute_ms, end)
+        running = starts(actions)
+        for finish in (a for a in actions if isinstance(a, Finish)):
+            for request in finish.requests:
+                responses.append((end - request.arrival) * 1000)
+                running += starts(core.on_arrival(Request(next(ids), "m", end), end))
+    return rows, responses
+
+
+def test_a_closed_loop_whose_heads_a_stall_made_late_is_batched_back_under_its_sla():
+    # After a stall of 100 ms every head is late. Served one by one, 8 clients keep the executor
+    # busy all the time (the arrivals are its completions, 200 a second of l(1) = 5 ms: one by
+    # one "keeps up") and each request waits for the 7 ahead of it: 40 ms a request for as long
+    # as the load lasts, where batches of the 8 take 12 ms.
+    rows, responses = closed_loop(8, stall_s=0.1)
+    assert max(rows[-10:]) > 1, rows[-20:]
+    assert statistics.median(responses[-100:]) < 20.0
+    # No stall: no head is late, and every request is answered within its SLA.
+    rows, responses = closed_loop(8, stall_s=0.0)
+    assert max(responses) < 20.0
 
 
 # -- Harpagon's batch-aware dispatch (a planned batch size) ---------------------------------------
