@@ -227,18 +227,26 @@ def test_an_executor_is_under_its_cores_and_memory_limit_before_it_loads_its_mod
     with run_gateway(tmp_path / "config.toml") as gateway:
         old = gateway.executor_pid("heavy")
         os.kill(old, signal.SIGKILL)
-        seen = None
+        # The replacement's groups, read while it has not said hello (its model still loads): its
+        # groups first, then its state, so that a move at its hello cannot pass for one before it.
+        # A busy gateway puts it in its groups a moment after the fork: it is read until then.
+        seen, last = None, None
         deadline = time.monotonic() + 10
         while seen is None and time.monotonic() < deadline:
             for child in psutil.Process(gateway.process.pid).children():
-                # A replacement that has run for 0.3 s (a busy gateway puts it in its groups a
-                # moment after the fork) and not yet said hello (its model still loads).
-                if child.pid != old and time.time() - child.create_time() > 0.3:
-                    (executor,) = gateway.admin("heavy")["executors"]
-                    if executor["state"] != "ready":
-                        seen = Path(f"/proc/{child.pid}/cgroup").read_text()
+                if child.pid == old:
+                    continue
+                try:
+                    last = Path(f"/proc/{child.pid}/cgroup").read_text()
+                except FileNotFoundError:
+                    continue
+                (executor,) = gateway.admin("heavy")["executors"]
+                if executor["state"] == "ready":
+                    deadline = 0  # said hello before it was seen in its groups
+                elif "/cpu-heavy" in last:
+                    seen = last
             time.sleep(0.01)
-        assert seen is not None, "no replacement seen starting"
+        assert seen is not None, f"the replacement was not seen in its groups before its hello: {last}"
         groups = dict(line.split(":", 2)[1:] for line in seen.splitlines())
         cpu = next(path for controllers, path in groups.items() if "cpu" in controllers.split(","))
         memory = groups["memory"]
