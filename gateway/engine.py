@@ -62,7 +62,7 @@ from schedulers.autoscale import ScalingSignal, scaling_signal
 from schedulers.dispatch import CPU, EXECUTOR_FAILED, GPU, Action, Batch, Fail, Finish, Start, WakeAt, cpu_executor_id
 from schedulers.gpu_memory import Load
 from schedulers.profiles import LatencyProfile
-from schedulers.request import ENDED, Request
+from schedulers.request import Request
 from supervisor.node import Allocation, Window
 
 # Control periods kept for the admin API's history: an hour at ROMA's 1 s period.
@@ -1292,7 +1292,8 @@ class Engine:
     async def _run_each_alone(self, executor: SupervisedExecutor, batch: Batch) -> list[Action]:
         """A batch of several requests that the model refused: each request runs alone on the
         same executor, so that a bad input fails its own request only. Failed together, every
-        client was told that its input was bad, in words that carried another client's input."""
+        client was told that its input was bad, in words that carried another client's input.
+        Where the executor fails partway, the requests run before are answered, the rest 503."""
         parts: list[dict[str, np.ndarray] | RequestFailed] = []
         # Each run is one execution of its own request's rows (Triton's statistics, the answer's
         # batch_size and compute_ms): counted as one batch of them all, every answer carried the
@@ -1318,15 +1319,16 @@ class Engine:
                     runs.append(BatchTiming.measured(request.rows, 0.0, time.perf_counter() - sent, ms, 0.0))
                     compute_ms += ms
         except ExecutorFailed as error:
+            # The requests that ran before it failed are answered with what they got (all were
+            # answered 503); the one it failed on and those after it end 503.
+            unrun = len(batch.requests) - len(parts)
+            self._outputs[batch.id] = (parts + [{}] * unrun, runs + [None] * unrun)
+            answered = batch.requests[: len(parts)]
             message = f"executor {executor.id} failed: {error}"
-            if any(run is not None for run in runs):
-                # The requests that ran before it failed are answered with their results (all
-                # were answered 503); the one it failed on and those after it end 503.
-                unrun = batch.requests[len(parts) :]
-                rest = [RequestFailed(message, 503, EXECUTOR_FAILED, dispatched=r.dispatched) for r in unrun]
-                self._outputs[batch.id] = (parts + rest, runs + [None] * len(rest))
-                self._finish(Finish(batch, tuple(r for r in batch.requests if r.state != ENDED)))
-            return self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message)
+            actions = self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message, answered)
+            if not any(isinstance(a, Finish) and a.batch is batch for a in actions):
+                self._outputs.pop(batch.id, None)  # none to answer: none ran, or the batch was taken back
+            return actions
         self._outputs[batch.id] = (parts, runs)
         # The time of several runs of one request is no batch's l(b): the profiles learn nothing.
         return self.core.on_batch_done(batch, compute_ms, self.now, learn=False)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from schedulers.admission import admissible
@@ -153,8 +153,9 @@ class ModelState:
     # Rows -> since when admission has refused, for its measurements alone, every request of that
     # size (``_measures_anew``).
     refusing_since: dict[int, float] = field(default_factory=dict)
-    # Its admitted requests over the last second: Symphony's lambda for the GPU scheduler (which
-    # reads this one), and what a late CPU head goes alone or batched against.
+    # Its admitted requests and their rows over the last second: Symphony's lambda for the GPU
+    # scheduler (which reads this one, in rows), and what a late CPU head goes alone or batched
+    # against (in requests, each weighed at the rows they bring).
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)
 
     @property
@@ -544,8 +545,12 @@ class DispatchCore:
         reason = "its batch reached the GPU executor after its latest start time and was not run"
         return self._pump(now, refusal_reason=(state.name, reason))
 
-    def on_batch_failed(self, batch: Batch, now: float, status: int, outcome: str, message: str) -> list[Action]:
-        """``batch`` did not run: its live requests end with ``status``.
+    def on_batch_failed(
+        self, batch: Batch, now: float, status: int, outcome: str, message: str, answered: Collection[Request] = ()
+    ) -> list[Action]:
+        """``batch`` did not run: its live requests end with ``status``. ``answered``: those of its
+        requests that ran before its executor failed, their results in hand (a batch the model
+        refused, run a request at a time): a ``Finish`` answers them, the rest end with ``status``.
 
         Where its executor failed (``EXECUTOR_FAILED``: crashed, hung and killed, hung up), a
         batch queued on it (``_pipeline``) had not begun: the executor reads it only once it has
@@ -568,8 +573,14 @@ class DispatchCore:
         else:
             unbegun = executor.queued if executor.batch is batch else None
             self._release(batch, now)
-            if live := self._end(batch.requests):
-                actions.append(Fail(live, status, outcome, message))
+            live = self._end(batch.requests)
+            done = tuple(r for r in live if r in answered)
+            if done:
+                actions.append(Finish(batch, done))
+                if self.models[batch.model].on_gpus:  # answered, as on_batch_done reports them
+                    self.gpu_scheduler.on_completed(batch.model, *((now - r.arrival) * 1000 for r in done))
+            if failed_requests := tuple(r for r in live if r not in answered):
+                actions.append(Fail(failed_requests, status, outcome, message))
             if unbegun is not None:
                 self._withdrawn.add(unbegun.id)  # its own report is still to come
         reason = None
@@ -1054,8 +1065,9 @@ class DispatchCore:
             if not share:
                 continue
             # Rows only where they amortize the CPU's fixed cost, within the head's deadline; a
-            # head late whatever the batch goes alone, unless the model's ready executors one by
-            # one fall behind its arrivals: then the size that ends the queue soonest on average
+            # head late whatever the batch goes alone, unless one by one would keep the model's
+            # ready executors more than 0.9 busy with its arrivals (each held for the l(r) of its
+            # rows and the trip): then the size that ends the queue soonest on average
             # (schedulers/cpu_batch.py).
             available = sum(r.rows for r in itertools.islice(state.queue, share))
             slack_ms = (state.queue[0].deadline - now) * 1000
