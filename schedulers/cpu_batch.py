@@ -51,6 +51,7 @@ def cpu_batch_rows(
     executors: int = 1,
     arrivals_per_s: float = math.inf,
     rows_per_request: float = 1.0,
+    trip_ms: float = 0.0,
 ) -> int:
     """The rows of the next CPU batch: at least 1, at most ``available_rows`` and ``max_batch``.
 
@@ -61,10 +62,11 @@ def cpu_batch_rows(
       now to the head's deadline), since it waits for the whole batch (Harpagon Section II,
       L_wc = d + b/T with the batch already collected). If not even l(1) fits, the head is late
       whatever the batch: it is served alone while the model's ``executors``, one request at a
-      time, keep up with its ``arrivals_per_s`` (arrivals_per_s times the mean l(r) at most
-      ONE_BY_ONE_MAX_UTILISATION of ``executors``, r the ``rows_per_request`` each request
-      brings, rounded: the utilisation of one-by-one service, from the mean as queueing theory
-      reads it, not the high percentile that deadlines are read against); where they
+      time, keep up with its ``arrivals_per_s``: arrivals_per_s times what a request holds an
+      executor (the mean l(r), r the ``rows_per_request`` each brings, and the ``trip_ms`` of a
+      batch beyond its compute) at most ONE_BY_ONE_MAX_UTILISATION of ``executors`` (the
+      utilisation of one-by-one service, from the mean as queueing theory reads it, not the high
+      percentile that deadlines are read against); where they
       would not, its queue is batched at the size that ends the ``available_rows`` queued soonest
       on average, shared among the ``executors`` (``backlog_rows``).
     """
@@ -80,13 +82,23 @@ def cpu_batch_rows(
         # batch: alone, the backlog's mean end, or alone unless one by one falls behind"). Yet
         # a model whose requests come faster than one by one serves them never drains its queue
         # once its heads are late (after a stall, say), where batches keep up: it is batched.
-        # A request goes alone with all its rows: 8-row requests read at l(1) seemed 3x lighter
-        # one by one than they are (l(b) = b + 0.4 ms).
-        alone_ms = profile.mean_ms(max(1, round(rows_per_request)))
+        # A request goes alone with all its rows (8-row requests read at l(1) seemed 3x lighter
+        # one by one than they are), and holds its executor for the trip too: a closed loop
+        # whose executor waits 0.6 ms between requests of 5 ms read 0.89 busy without it.
+        alone_ms = _mean_ms_at(profile, rows_per_request) + trip_ms
         if arrivals_per_s * alone_ms / 1000 <= ONE_BY_ONE_MAX_UTILISATION * max(executors, 1):
             return 1
         return backlog_rows(profile, rows, available_rows / max(executors, 1))
     return _most_within(profile, rows, slack_ms)
+
+
+def _mean_ms_at(profile: LatencyProfile, rows: float) -> float:
+    """The mean l at a mean of ``rows`` rows a request (at least 1), between the whole sizes
+    around it: the mean over requests of mixed sizes on a line."""
+    rows = max(rows, 1.0)
+    low = math.floor(rows)
+    below = profile.mean_ms(low)
+    return below if rows == low else below + (rows - low) * (profile.mean_ms(low + 1) - below)
 
 
 def backlog_rows(profile: LatencyProfile, rows: int, queued_rows: float) -> int:

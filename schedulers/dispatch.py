@@ -31,9 +31,11 @@ one, as Clockwork's workers hold the actions their controller sends ahead (Secti
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
+import statistics
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -157,6 +159,11 @@ class ModelState:
     # scheduler (which reads this one, in rows), and what a late CPU head goes alone or batched
     # against (in requests, each weighed at the rows they bring).
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)
+    # What a CPU batch held its executor beyond its compute (the trip to the executor and back,
+    # the engine's part), over its last CPU_TRIPS batches; their median, ``cpu_trip_ms``, is what
+    # one by one a request holds it for beside its l(r) (a stall now and then moves no median).
+    cpu_trips: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=CPU_TRIPS))
+    cpu_trip_ms: float = 0.0
 
     @property
     def cpu_servers(self) -> int:
@@ -223,6 +230,8 @@ SPILL_WITHIN = 0.7
 # it as soon as it is free. The trip is learned from the batches sent to an idle GPU: an average
 # with this weight, of the time from sending to the answer less l(b) as the executor measured it.
 ROUND_TRIP_WEIGHT = 0.05
+# The CPU batches whose trips a model's median trip is read from (ModelState.cpu_trips).
+CPU_TRIPS = 15
 # Below this there is no trip to hide (the simulator without a dispatch delay: none at all), and
 # a GPU gets a batch only once it is free, as without pipelining.
 PIPELINE_MIN_S = 1e-4
@@ -525,6 +534,8 @@ class DispatchCore:
                 self._trips_seen += 1
         elif learn and batch.device == CPU and state.cpu_profile is not None:
             state.cpu_profile.observe(batch.rows, compute_ms)
+            state.cpu_trips.append(max(0.0, (now - batch.started) * 1000 - compute_ms))
+            state.cpu_trip_ms = statistics.median(state.cpu_trips)
         live = self._end(batch.requests)
         if gpu_model and live:
             self.gpu_scheduler.on_completed(batch.model, *((now - r.arrival) * 1000 for r in live))
@@ -1083,6 +1094,7 @@ class DispatchCore:
                     state.cpu_servers,
                     arrivals.per_second(now),
                     arrivals.rows_per_request(now),
+                    state.cpu_trip_ms,
                 )
             self._start(self.executors[assign.executor_id], state, self._take_head(state.queue, limit), now, actions)
             self._queue_changed(state, now)

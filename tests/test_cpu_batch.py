@@ -146,7 +146,8 @@ def late_queue_start(arrivals: int, executors: int, max_queue_size: int = 10_000
         core.set_executor_ready(f"cpu-m~{i}", True, 0.0)
     first = [a for i in range(arrivals) for a in core.on_arrival(Request(i, "m", i / arrivals), i / arrivals)]
     batch = next(a.batch for a in first if isinstance(a, Start))
-    (start,) = starts(core.on_batch_done(batch, 1.4, 1.0))
+    # Its time is no measure of a trip: it held the executor for the whole second.
+    (start,) = starts(core.on_batch_done(batch, 1.4, 1.0, learn=False))
     return start.batch.rows
 
 
@@ -194,7 +195,7 @@ def late_queue_of_rows(arrivals: int, rows: int) -> int:
     core.set_executor_ready("cpu-m", True, 0.0)
     first = [a for i in range(arrivals) for a in core.on_arrival(Request(i, "m", i / arrivals, rows=rows), i / arrivals)]
     batch = next(a.batch for a in first if isinstance(a, Start))
-    (start,) = starts(core.on_batch_done(batch, 4.0 + rows, 1.0))
+    (start,) = starts(core.on_batch_done(batch, 4.0 + rows, 1.0, learn=False))  # no trip of a second
     return len(start.batch.requests)
 
 
@@ -211,18 +212,25 @@ def test_one_by_one_service_of_a_late_queue_is_weighed_at_the_rows_each_request_
 def test_the_late_head_rule_reads_the_mean_rows_of_the_requests():
     profile = LatencyProfile(1.0, 4.0)
     # 100 late requests a second are 100 l(r) of work a second one by one, r their mean rows:
-    # at 1 row 0.5 s, at 5 rows (l(5) = 9 ms) 0.9 s of one executor's second: alone. At 6 rows
+    # at 1 row 0.5 s, at 4 rows (l(4) = 8 ms) 0.8 s of one executor's second: alone. At 6 rows
     # (l(6) = 10 ms), the whole second: batched. The rule read l(1) whatever the rows.
     assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 1.0) == 1
-    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 5.0) == 1
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 4.0) == 1
     assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 6.0) > 1
+    # A mean of 5.4 rows (60 % of the requests of 5, 40 % of 6) is l = 9.4 ms on average: 0.94 s.
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 100.0, 5.4) > 1
+    # And what each request holds its executor beyond its compute: 150 a second of l(1) = 5 ms
+    # are 0.75 s one by one, 0.96 s with a trip of 1.4 ms.
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 150.0, 1.0) == 1
+    assert cpu_batch_rows(profile, 600, 64, 1.0, 1, 150.0, 1.0, trip_ms=1.4) > 1
 
 
-def closed_loop(clients: int, stall_s: float, seconds: float = 2.0) -> tuple[list[int], list[float]]:
+def closed_loop(clients: int, stall_s: float, seconds: float = 2.0, trip_ms: float = 0.0) -> tuple[list[int], list[float]]:
     """``clients`` that each send their next request the moment their last is answered (a closed
     loop, perf_analyzer's concurrency mode) to one CPU executor, l(b) = b + 4 ms exactly, SLA 20
-    ms; the executor is ready only ``stall_s`` after their first requests. The rows of each
-    batch, and each request's response time (ms), over ``seconds``."""
+    ms, each batch answered ``trip_ms`` after its compute; the executor is ready only ``stall_s``
+    after their first requests. The rows of each batch, and each request's response time (ms),
+    over ``seconds``."""
     core = DispatchCore(cpu_scheduler=RandomRoundRobin(random.Random(1)))
     core.add_executor("cpu-m", CPU, "m")
     core.add_model("m", sla_ms=20.0, max_batch=64, max_queue_size=1000, cpu_profile=LatencyProfile(1.0, 4.0))
@@ -236,7 +244,7 @@ def closed_loop(clients: int, stall_s: float, seconds: float = 2.0) -> tuple[lis
         (start,) = running
         batch = start.batch
         compute_ms = batch.rows + 4.0
-        end = batch.started + compute_ms / 1000
+        end = batch.started + (compute_ms + trip_ms) / 1000
         if end > seconds:
             break
         rows.append(batch.rows)
@@ -255,6 +263,11 @@ def test_a_closed_loop_whose_heads_a_stall_made_late_is_batched_back_under_its_s
     # one "keeps up") and each request waits for the 7 ahead of it: 40 ms a request for as long
     # as the load lasts, where batches of the 8 take 12 ms.
     rows, responses = closed_loop(8, stall_s=0.1)
+    assert max(rows[-10:]) > 1, rows[-20:]
+    assert statistics.median(responses[-100:]) < 20.0
+    # The same where each batch holds the executor 1 ms beyond its compute (the trip, the
+    # engine): read from the compute alone, one by one was 0.83 busy and stayed so, at 48 ms.
+    rows, responses = closed_loop(8, stall_s=0.1, trip_ms=1.0)
     assert max(rows[-10:]) > 1, rows[-20:]
     assert statistics.median(responses[-100:]) < 20.0
     # No stall: no head is late, and every request is answered within its SLA.
