@@ -6,7 +6,7 @@ free; it keeps every model's candidate batch up to date in between (schedulers/c
 Policies, chosen in the config so that they can be compared side by side (``gateway simulate``):
 
 - ``fair_deferral`` (the default, ours): Symphony's non-work-conserving rule decides when a
-  candidate is schedulable (beta x lambda requests, or sched_at), with a look-ahead: a candidate
+  candidate is schedulable (beta x lambda rows, or sched_at), with a look-ahead: a candidate
   is due a millisecond before its sched_at (``DUE_MARGIN_S``). Among the schedulable, models
   whose recent bad rate runs more than a gap over the overall one go first (the fairness bound,
   schedulers/fairness.py), then the candidate with the earliest latest start (invalid_after:
@@ -17,8 +17,9 @@ Policies, chosen in the config so that they can be compared side by side (``gate
   has stayed high for a while (a sustained overload, which sheds requests whatever the choice:
   ``SHED_ABOVE_BAD_RATE``), wherever the batch serves more, since the requests left out at the
   head are lost anyway (the flat-top of Section 4.4).
-- ``deferral``: Symphony's policy exactly (Section 4.3): schedulable at beta x lambda requests
-  or at sched_at, the earliest sched_at first, Clipper's pruning of what cannot finish.
+- ``deferral``: Symphony's policy exactly (Section 4.3): schedulable at beta x lambda items
+  (rows here; a request is one item in Symphony) or at sched_at, the earliest sched_at first,
+  Clipper's pruning of what cannot finish.
 - ``work_conserving``: Symphony's work-conserving policy: no deferral, earliest sched_at first.
 - ``edf``: Clockwork's controller (Section 5.3): no deferral, the candidate with the earliest
   *latest* start (its head's deadline less l(batch): invalid_after) first.

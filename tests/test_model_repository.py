@@ -443,10 +443,10 @@ def _model_series(gateway, model: str) -> dict[str, float]:
     return found
 
 
-def _in_flight(gateway) -> float:
-    """Requests in flight in the whole gateway, as its metrics count them."""
-    lines = gateway.metrics().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("gateway_requests_in_flight{"))
+def _in_flight(gateway, model: str) -> float:
+    """Requests in flight on ``model``'s versions (``model``, ``model.vN``), as the metrics count them."""
+    series = (f'gateway_requests_in_flight{{model="{model}"}}', f'gateway_requests_in_flight{{model="{model}.v')
+    return sum(float(line.rsplit(" ", 1)[1]) for line in gateway.metrics().splitlines() if line.startswith(series))
 
 
 def _straddling(gateway, method: str, path: str, body: bytes, meanwhile, split: int = 100, headers: str = "") -> bytes:
@@ -458,8 +458,9 @@ def _straddling(gateway, method: str, path: str, body: bytes, meanwhile, split: 
             f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body[:split]
         )
-        if "/infer" in path:  # counted in flight once its handler has found its model
-            wait_for(lambda: _in_flight(gateway) == 1, 10, f"{path} in flight")
+        if path.endswith("/infer"):  # counted in flight once its handler has found its model
+            model = path.split("/")[3]
+            wait_for(lambda: _in_flight(gateway, model) == 1, 10, f"{path} in flight")
         else:  # an admin change shows nothing while it waits for its body
             time.sleep(0.3)
         meanwhile()
