@@ -163,7 +163,10 @@ class ModelState:
     # the engine's part), over its last CPU_TRIPS batches; their median, ``cpu_trip_ms``, is what
     # one by one a request holds it for beside its l(r) (a stall now and then moves no median).
     cpu_trips: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=CPU_TRIPS))
-    cpu_trip_ms: float = 0.0
+
+    @property
+    def cpu_trip_ms(self) -> float:
+        return statistics.median(self.cpu_trips) if self.cpu_trips else 0.0
 
     @property
     def cpu_servers(self) -> int:
@@ -535,7 +538,6 @@ class DispatchCore:
         elif learn and batch.device == CPU and state.cpu_profile is not None:
             state.cpu_profile.observe(batch.rows, compute_ms)
             state.cpu_trips.append(max(0.0, (now - batch.started) * 1000 - compute_ms))
-            state.cpu_trip_ms = statistics.median(state.cpu_trips)
         live = self._end(batch.requests)
         if gpu_model and live:
             self.gpu_scheduler.on_completed(batch.model, *((now - r.arrival) * 1000 for r in live))
