@@ -1,5 +1,7 @@
-"""Request bodies in a content coding (RFC 9110, Section 8.4): gzip and deflate, as Triton's HTTP
-endpoint takes them (tritonclient's ``request_compression_algorithm``), inflated up to a limit.
+"""Content codings (RFC 9110, Section 8.4): request bodies in gzip and deflate, as Triton's HTTP
+endpoint takes them (tritonclient's ``request_compression_algorithm``), inflated up to a limit; and
+the coding an infer response is compressed in, from the client's Accept-Encoding (tritonclient's
+``response_compression_algorithm``).
 
 aiohttp inflates a compressed body on the event loop as it arrives, and goes on inflating one
 past the size limit while it drains it: a few MiB of gzip that inflate to GiB held the loop, and
@@ -17,6 +19,13 @@ SUPPORTED = GZIP_CODINGS | {"deflate", "identity"}
 # Window bits of zlib: a gzip member, a zlib stream (HTTP's deflate), a raw deflate stream
 # (which some clients send as deflate).
 GZIP_WBITS, ZLIB_WBITS, RAW_DEFLATE_WBITS = 16 + zlib.MAX_WBITS, zlib.MAX_WBITS, -zlib.MAX_WBITS
+# The codings a response may be compressed in, the first preferred where the client weighs them
+# alike. "deflate" is a zlib stream, as tritonclient inflates it (zlib.decompress).
+RESPONSE_CODINGS = ("gzip", "deflate")
+# A response body over this many bytes is compressed in a worker thread: zlib's default level
+# takes about a millisecond for 64 KiB of tensor bytes, which the event loop can spare, and tens
+# of milliseconds for a MiB, which would hold every other request.
+COMPRESS_ON_LOOP_BYTES = 64 << 10
 
 
 class UnsupportedCoding(ValueError):
@@ -82,3 +91,41 @@ def _deflate_wbits(data: bytes) -> int:
     if len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0:
         return ZLIB_WBITS
     return RAW_DEFLATE_WBITS
+
+
+def response_coding(accept_encoding: str | None) -> str | None:
+    """The coding to compress a response in for ``accept_encoding`` (RFC 9110, 12.5.3): the one of
+    ``RESPONSE_CODINGS`` the client weighs highest, "*" standing for those it does not name; None
+    (no coding) where it accepts neither, or weighs identity above both. An item whose weight is
+    not a qvalue is left out, as a header the gateway cannot read is no reason to refuse the answer."""
+    if not accept_encoding:
+        return None
+    weights: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        name, _, parameters = item.partition(";")
+        name = name.strip().lower()
+        weight = _qvalue(parameters)
+        if name and weight is not None:
+            weights["gzip" if name == "x-gzip" else name] = weight
+    anything = weights.get("*", 0.0)
+    best = max(RESPONSE_CODINGS, key=lambda coding: weights.get(coding, anything))  # the first at a tie
+    weight = weights.get(best, anything)
+    if weight <= 0 or weights.get("identity", 0.0) > weight:
+        return None
+    return best
+
+
+def _qvalue(parameters: str) -> float | None:
+    """The weight ``q`` of an Accept-Encoding item's parameters (1 when it has none); None where it
+    is not a qvalue of RFC 9110, 12.4.2 (0 to 1, at most three decimals)."""
+    for parameter in parameters.split(";"):
+        key, _, value = parameter.partition("=")
+        if key.strip().lower() != "q":
+            continue
+        value = value.strip()
+        whole, _, decimals = value.partition(".")
+        if whole not in ("0", "1") or len(decimals) > 3 or not (decimals.isdigit() or decimals == ""):
+            return None
+        weight = float(value)
+        return weight if weight <= 1 else None
+    return 1.0

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import hdrs, web, web_urldispatcher
+from aiohttp.web import ContentCoding
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from executors.tensors import KSERVE_TO_TRITON_CONFIG
@@ -23,7 +24,15 @@ from gateway import __version__
 from gateway.config import GatewayConfig
 from gateway.config.schema import PIPELINE_INPUT, PipelineTable
 from gateway.connections import Connections, GatewayConnection, connection_cap, descriptor_limit
-from gateway.content_coding import BadCoding, BodyTooLarge, UnsupportedCoding, codings_of, decode
+from gateway.content_coding import (
+    COMPRESS_ON_LOOP_BYTES,
+    BadCoding,
+    BodyTooLarge,
+    UnsupportedCoding,
+    codings_of,
+    decode,
+    response_coding,
+)
 from gateway.engine import Engine, ModelRuntime, RequestFailed, Result
 from gateway.logs import ACCESS_LOG, REQUEST_ID_KEY, AccessLog
 from gateway.metrics import GatewayMetrics, triton_exposition
@@ -510,13 +519,19 @@ class Handlers:
             parameters,
             runtime.version,
         )
-        if header_length is None:
-            return web.Response(body=payload, content_type="application/json"), "success", result
+        # Inference-Header-Content-Length counts the JSON header's bytes before any compression,
+        # as Triton's does and tritonclient reads it (it inflates the whole body first).
+        headers = {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
         response = web.Response(
             body=payload,
-            content_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
+            content_type="application/json" if header_length is None else "application/octet-stream",
+            headers=headers,
+            zlib_executor_size=COMPRESS_ON_LOOP_BYTES,
+            zlib_executor=self.codec,
         )
+        coding = response_coding(_all_lines(request, "Accept-Encoding"))
+        if coding is not None:
+            response.enable_compression(ContentCoding(coding))
         return response, "success", result
 
     async def off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:

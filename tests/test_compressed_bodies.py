@@ -1,6 +1,8 @@
 """Request bodies in gzip or deflate (tritonclient's request_compression_algorithm): inflated up
 to max_body_bytes and no further, off the event loop; a body that does not inflate is a 400 that
-leaves neither a traceback nor a broken connection; a coding the gateway cannot undo is a 415."""
+leaves neither a traceback nor a broken connection; a coding the gateway cannot undo is a 415.
+Infer responses compressed in the coding the client's Accept-Encoding weighs highest
+(tritonclient's response_compression_algorithm)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,15 @@ import pytest
 import requests
 import tritonclient.http as triton
 
-from gateway.content_coding import BadCoding, BodyTooLarge, UnsupportedCoding, codings_of, decode
+from gateway.content_coding import (
+    COMPRESS_ON_LOOP_BYTES,
+    BadCoding,
+    BodyTooLarge,
+    UnsupportedCoding,
+    codings_of,
+    decode,
+    response_coding,
+)
 from tests.helpers import run_gateway
 
 MAX_BODY_BYTES = 8 << 20
@@ -55,6 +65,23 @@ def test_bytes_not_in_their_coding_are_named():
         codings_of("br")
 
 
+def test_a_response_is_compressed_in_the_coding_the_client_weighs_highest():
+    assert response_coding(None) is None and response_coding("") is None and response_coding("identity") is None
+    assert response_coding("gzip") == "gzip" and response_coding("X-GZIP") == "gzip"
+    assert response_coding("deflate") == "deflate"
+    assert response_coding("gzip, deflate") == "gzip"  # alike: gzip
+    assert response_coding("gzip;q=0.5, deflate") == "deflate"
+    assert response_coding("gzip; Q=0.8 , deflate;q=0.9") == "deflate"
+    assert response_coding("gzip;q=0") is None and response_coding("*;q=0") is None
+    assert response_coding("*") == "gzip" and response_coding("*, gzip;q=0") == "deflate"
+    assert response_coding("br") is None  # none the gateway makes
+    assert response_coding("identity;q=1, gzip;q=0.5") is None  # identity weighed above
+    # A weight that is no qvalue leaves its item out, not the header.
+    assert response_coding("gzip;q=1.5, deflate;q=0.1") == "deflate"
+    assert response_coding("gzip;q=abc") is None and response_coding("gzip;q=0.1234") is None
+    assert response_coding("gzip;q=1.000") == "gzip" and response_coding("gzip;level=9;q=0.2") == "gzip"
+
+
 # -- served ------------------------------------------------------------------------------------
 
 
@@ -64,7 +91,7 @@ def gateway(tmp_path_factory, example_models):
     shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
     (folder / "config.toml").write_text(
         f'[server]\nmax_body_bytes = {MAX_BODY_BYTES}\n[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
-        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 8\ncpu = { cores = 0.5, threads = 1 }\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 64\ncpu = { cores = 0.5, threads = 1 }\n'
     )
     with run_gateway(folder / "config.toml") as running:
         yield running
@@ -140,3 +167,57 @@ def test_a_content_encoding_over_two_header_lines_is_read_whole(gateway):
             response.begin()
             assert response.status == status, (codings, response.read())
             response.read()
+
+
+def _post(gateway, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and body bytes exactly as sent (http.client inflates nothing)."""
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    try:
+        connection.request("POST", "/v2/models/mlp/infer", body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("rows", [2, 64])
+def test_a_response_is_compressed_as_asked_and_tritonclient_reads_it(gateway, example_models, rows):
+    """64 rows answer past COMPRESS_ON_LOOP_BYTES, compressed in the codec thread; 2 on the loop."""
+    array = np.random.default_rng(rows).random((rows, 512), dtype=np.float32)
+    expected = ort.InferenceSession(str(example_models / "mlp.onnx")).run(None, {"x": array})[0]
+    request = {"inputs": [{"name": "x", "shape": [rows, 512], "datatype": "FP32", "data": array.ravel().tolist()}]}
+    body = json.dumps(request).encode()
+    plain_status, plain_headers, plain = _post(gateway, body, {})
+    assert plain_status == 200 and "content-encoding" not in plain_headers
+    assert (len(plain) > COMPRESS_ON_LOOP_BYTES) == (rows == 64)
+    inflate = {"gzip": gzip.decompress, "deflate": zlib.decompress}  # deflate: a zlib stream
+    for accept, coding in (("gzip", "gzip"), ("deflate", "deflate"), ("gzip;q=0.4, deflate;q=0.6", "deflate")):
+        status, headers, sent = _post(gateway, body, {"Accept-Encoding": accept})
+        assert status == 200 and headers["content-encoding"] == coding, (accept, headers)
+        assert int(headers["content-length"]) == len(sent) < len(plain)
+        outputs = json.loads(inflate[coding](sent))["outputs"]
+        answered = np.asarray(outputs[0]["data"], dtype=np.float32).reshape(rows, 512)
+        np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-6)
+    # Refused by weight: sent as it is.
+    status, headers, sent = _post(gateway, body, {"Accept-Encoding": "gzip;q=0, identity"})
+    assert status == 200 and "content-encoding" not in headers and len(sent) == len(plain)
+    # Binary outputs: the header's length counts the JSON header before compression, as
+    # Triton's does; tritonclient inflates the whole body and then splits it there.
+    client = triton.InferenceServerClient(gateway.url)
+    for algorithm in ("gzip", "deflate"):
+        for binary in (True, False):
+            tensor = triton.InferInput("x", [rows, 512], "FP32")
+            tensor.set_data_from_numpy(array, binary_data=True)
+            output = triton.InferRequestedOutput("y", binary_data=binary)
+            result = client.infer("mlp", [tensor], outputs=[output], response_compression_algorithm=algorithm)
+            np.testing.assert_allclose(result.as_numpy("y"), expected, rtol=1e-5, atol=1e-6)
+    binary_request = json.dumps(
+        {"inputs": request["inputs"], "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}
+    ).encode()
+    status, headers, sent = _post(gateway, binary_request, {"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["content-encoding"] == "gzip"
+    whole = gzip.decompress(sent)
+    header_length = int(headers["inference-header-content-length"])
+    assert json.loads(whole[:header_length])["outputs"][0]["parameters"]["binary_data_size"] == rows * 512 * 4
+    answered = np.frombuffer(whole[header_length:], dtype=np.float32).reshape(rows, 512)
+    np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-6)
