@@ -84,6 +84,14 @@ INFERENCE_HEADER = {
     "schema": {"type": "integer", "minimum": 1},
     "description": "binary tensor extension: length of the JSON header before the binary data",
 }
+ACCEPT_ENCODING = {
+    "name": "Accept-Encoding",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "the answer is compressed in the one of gzip and deflate this weighs highest "
+    "(RFC 9110 12.5.3); Inference-Header-Content-Length then counts the header before compression",
+}
 
 
 def _model_routes(prefix: str) -> tuple[Route, ...]:
@@ -116,7 +124,7 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
             (400, 404, 413, 429, 503, 504),
             body="InferRequest",
             binary_body=True,
-            headers=(INFERENCE_HEADER,),
+            headers=(INFERENCE_HEADER, ACCEPT_ENCODING),
         ),
     )
 
