@@ -327,6 +327,7 @@ class Handlers:
         server = engine.config.server
         self.limits = Limits(server.max_json_depth, server.max_elements)
         self.request_timeout_s = server.request_timeout_ms / 1000
+        self.compress_min_bytes = server.compress_min_bytes
         self.draining = False  # set on SIGTERM/SIGINT: not ready, no new requests
         # Decoding a large request (and encoding a large response) runs here, off the event loop.
         # One thread: the work holds the GIL, so more threads would only make the loop wait longer.
@@ -529,9 +530,10 @@ class Handlers:
             zlib_executor_size=COMPRESS_ON_LOOP_BYTES,
             zlib_executor=self.codec,
         )
-        coding = response_coding(_all_lines(request, "Accept-Encoding"))
-        if coding is not None:
-            response.enable_compression(ContentCoding(coding))
+        if len(payload) >= self.compress_min_bytes:
+            coding = response_coding(_all_lines(request, "Accept-Encoding"))
+            if coding is not None:
+                response.enable_compression(ContentCoding(coding))
         return response, "success", result
 
     async def off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:

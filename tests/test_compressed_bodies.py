@@ -180,12 +180,32 @@ def _post(gateway, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
         connection.close()
 
 
-@pytest.mark.parametrize("rows", [2, 64])
-def test_a_response_is_compressed_as_asked_and_tritonclient_reads_it(gateway, example_models, rows):
-    """64 rows answer past COMPRESS_ON_LOOP_BYTES, compressed in the codec thread; 2 on the loop."""
+def _rows(example_models, rows: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """An input of ``rows`` rows, the MLP's answer to it, and its JSON request."""
     array = np.random.default_rng(rows).random((rows, 512), dtype=np.float32)
     expected = ort.InferenceSession(str(example_models / "mlp.onnx")).run(None, {"x": array})[0]
     request = {"inputs": [{"name": "x", "shape": [rows, 512], "datatype": "FP32", "data": array.ravel().tolist()}]}
+    return array, expected, request
+
+
+@pytest.fixture(scope="module")
+def compressing_all(tmp_path_factory, example_models):
+    folder = tmp_path_factory.mktemp("compressing")
+    shutil.copy(example_models / "mlp.onnx", folder / "mlp.onnx")
+    (folder / "config.toml").write_text(
+        '[server]\ncompress_min_bytes = 0\n[node]\ncpu_cores = 1.0\n[control]\npolicy = "fixed"\n'
+        '[models.mlp]\npath = "mlp.onnx"\nsla_ms = 1000\nmax_batch_size = 64\ncpu = { cores = 0.5, threads = 1 }\n'
+    )
+    with run_gateway(folder / "config.toml") as running:
+        yield running
+
+
+@pytest.mark.parametrize("rows", [2, 64])
+def test_an_answer_is_compressed_as_asked_and_tritonclient_reads_it(compressing_all, example_models, rows):
+    """With compress_min_bytes = 0, every answer asked for: 64 rows answer past
+    COMPRESS_ON_LOOP_BYTES, compressed in the codec thread; 2 rows on the loop."""
+    gateway = compressing_all
+    array, expected, request = _rows(example_models, rows)
     body = json.dumps(request).encode()
     plain_status, plain_headers, plain = _post(gateway, body, {})
     assert plain_status == 200 and "content-encoding" not in plain_headers
@@ -200,7 +220,8 @@ def test_a_response_is_compressed_as_asked_and_tritonclient_reads_it(gateway, ex
         np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-6)
     # Refused by weight: sent as it is.
     status, headers, sent = _post(gateway, body, {"Accept-Encoding": "gzip;q=0, identity"})
-    assert status == 200 and "content-encoding" not in headers and len(sent) == len(plain)
+    assert status == 200 and "content-encoding" not in headers
+    assert json.loads(sent)["outputs"][0]["data"] == json.loads(plain)["outputs"][0]["data"]
     # Binary outputs: the header's length counts the JSON header before compression, as
     # Triton's does; tritonclient inflates the whole body and then splits it there.
     client = triton.InferenceServerClient(gateway.url)
@@ -221,3 +242,14 @@ def test_a_response_is_compressed_as_asked_and_tritonclient_reads_it(gateway, ex
     assert json.loads(whole[:header_length])["outputs"][0]["parameters"]["binary_data_size"] == rows * 512 * 4
     answered = np.frombuffer(whole[header_length:], dtype=np.float32).reshape(rows, 512)
     np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_answer_under_compress_min_bytes_is_sent_as_it_is(gateway, example_models):
+    """The default, 64 KiB: python-requests and aiohttp ask for gzip with every request."""
+    for rows, compressed in ((2, False), (64, True)):
+        _, expected, request = _rows(example_models, rows)
+        status, headers, sent = _post(gateway, json.dumps(request).encode(), {"Accept-Encoding": "gzip, deflate"})
+        assert status == 200 and (headers.get("content-encoding") == "gzip") == compressed, (rows, headers)
+        outputs = json.loads(gzip.decompress(sent) if compressed else sent)["outputs"]
+        answered = np.asarray(outputs[0]["data"], dtype=np.float32).reshape(rows, 512)
+        np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-6)
