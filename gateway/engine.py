@@ -1293,7 +1293,8 @@ class Engine:
         """A batch of several requests that the model refused: each request runs alone on the
         same executor, so that a bad input fails its own request only. Failed together, every
         client was told that its input was bad, in words that carried another client's input.
-        Where the executor fails partway, the requests run before are answered, the rest 503."""
+        Where the executor fails partway, the requests run before are answered, the one it failed
+        on ends 503, and those after it go back to their queue."""
         parts: list[dict[str, np.ndarray] | RequestFailed] = []
         # Each run is one execution of its own request's rows (Triton's statistics, the answer's
         # batch_size and compute_ms): counted as one batch of them all, every answer carried the
@@ -1320,12 +1321,13 @@ class Engine:
                     compute_ms += ms
         except ExecutorFailed as error:
             # The requests that ran before it failed are answered with what they got (all were
-            # answered 503); the one it failed on and those after it end 503.
-            unrun = len(batch.requests) - len(parts)
-            self._outputs[batch.id] = (parts + [{}] * unrun, runs + [None] * unrun)
-            answered = batch.requests[: len(parts)]
+            # answered 503); the one it failed on ends 503 (its own input may have killed it);
+            # those after it never reached it and go back to their queue (they ended 503 too).
+            left = len(batch.requests) - len(parts)
+            self._outputs[batch.id] = (parts + [{}] * left, runs + [None] * left)
+            answered, unrun = batch.requests[: len(parts)], batch.requests[len(parts) + 1 :]
             message = f"executor {executor.id} failed: {error}"
-            actions = self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message, answered)
+            actions = self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message, answered, unrun)
             if not any(isinstance(a, Finish) and a.batch is batch for a in actions):
                 self._outputs.pop(batch.id, None)  # none to answer: none ran, or the batch was taken back
             return actions

@@ -559,11 +559,20 @@ class DispatchCore:
         return self._pump(now, refusal_reason=(state.name, reason))
 
     def on_batch_failed(
-        self, batch: Batch, now: float, status: int, outcome: str, message: str, answered: Collection[Request] = ()
+        self,
+        batch: Batch,
+        now: float,
+        status: int,
+        outcome: str,
+        message: str,
+        answered: Collection[Request] = (),
+        unrun: Collection[Request] = (),
     ) -> list[Action]:
-        """``batch`` did not run: its live requests end with ``status``. ``answered``: those of its
-        requests that ran before its executor failed, their results in hand (a batch the model
-        refused, run a request at a time): a ``Finish`` answers them, the rest end with ``status``.
+        """``batch`` did not run: its live requests end with ``status``. Of a batch the model
+        refused, run a request at a time, whose executor failed partway: ``answered``, those that
+        ran before, their results in hand, which a ``Finish`` answers; ``unrun``, those never sent
+        to it, which go back to their queue as a late action's do (only the one it failed on
+        ends with ``status``: its own input may be what killed it).
 
         Where its executor failed (``EXECUTOR_FAILED``: crashed, hung and killed, hung up), a
         batch queued on it (``_pipeline``) had not begun: the executor reads it only once it has
@@ -586,7 +595,7 @@ class DispatchCore:
         else:
             unbegun = executor.queued if executor.batch is batch else None
             self._release(batch, now)
-            live = self._end(batch.requests)
+            live = self._end(r for r in batch.requests if r not in unrun)
             done = tuple(r for r in live if r in answered)
             if done:
                 actions.append(Finish(batch, done))
@@ -594,6 +603,8 @@ class DispatchCore:
                     self.gpu_scheduler.on_completed(batch.model, *((now - r.arrival) * 1000 for r in done))
             if failed_requests := tuple(r for r in live if r not in answered):
                 actions.append(Fail(failed_requests, status, outcome, message))
+            if unrun:
+                self._requeue(batch.model, [r for r in batch.requests if r in unrun], now)
             if unbegun is not None:
                 self._withdrawn.add(unbegun.id)  # its own report is still to come
         reason = None
@@ -1202,8 +1213,13 @@ class DispatchCore:
 
     def _put_back(self, batch: Batch, now: float) -> None:
         """The live requests of a batch that did not run go back to their places in its queue."""
-        state = self.models[batch.model]
-        returned = [r for r in batch.requests if r.state != ENDED]
+        self._requeue(batch.model, batch.requests, now)
+
+    def _requeue(self, model: str, requests: Iterable[Request], now: float) -> None:
+        """The live ones of ``requests``, taken from ``model``'s queue and not run, go back to
+        their places in it."""
+        state = self.models[model]
+        returned = [r for r in requests if r.state != ENDED]
         for request in returned:
             request.state, request.dispatched = QUEUED, None
         if returned:

@@ -268,19 +268,32 @@ def test_an_executor_that_dies_with_a_batch_in_flight_fails_it_and_the_queue_wai
 
 def test_an_executor_that_dies_partway_through_a_batch_run_a_request_at_a_time_answers_those_it_ran():
     # The model refused the batch; its requests ran alone one after another until the executor
-    # died: the one that ran is answered, the others fail 503.
-    core = core_with(ready=False)
-    requests = [Request(i, "m", 0.0) for i in range(3)]
+    # died while it ran the second: the first is answered, the second fails 503, and the ones
+    # after it, never sent, go back to the queue, ahead of a request that came meanwhile.
+    core = core_with(ready=False, sla_ms=10_000.0)
+    requests = [Request(i, "m", 0.0) for i in range(4)]
     for request in requests:
         core.on_arrival(request, 0.0)
     (start,) = of(core.set_executor_ready("cpu-m", True, 0.001), Start)
     assert start.batch.requests == tuple(requests)
+    later = Request(9, "m", 0.005)
+    core.on_arrival(later, 0.005)
     core.set_executor_ready("cpu-m", False, 0.01)
-    actions = core.on_batch_failed(start.batch, 0.01, 503, "executor_failed", "killed", answered=requests[:1])
+    actions = core.on_batch_failed(start.batch, 0.01, 503, "executor_failed", "killed", answered=requests[:1], unrun=requests[2:])
     assert of(actions, Finish) == [Finish(start.batch, (requests[0],))]
     (fail,) = of(actions, Fail)
-    assert (fail.requests, fail.status) == (tuple(requests[1:]), 503)
-    assert core.queue_length("m") == 0
+    assert (fail.requests, fail.status) == ((requests[1],), 503)
+    assert core.queue_length("m") == 3 and not of(actions, Start)  # its only executor is down
+    (restart,) = of(core.set_executor_ready("cpu-m", True, 0.02), Start)
+    assert restart.batch.requests == (requests[2], requests[3], later)
+    # Without unrun, every request not answered fails, as for a batch that failed whole.
+    core = core_with(ready=False)
+    for request in (requests := [Request(i, "m", 0.0) for i in range(3)]):
+        core.on_arrival(request, 0.0)
+    (start,) = of(core.set_executor_ready("cpu-m", True, 0.001), Start)
+    core.set_executor_ready("cpu-m", False, 0.01)
+    actions = core.on_batch_failed(start.batch, 0.01, 503, "executor_failed", "killed", answered=requests[:1])
+    assert of(actions, Fail)[0].requests == tuple(requests[1:]) and core.queue_length("m") == 0
 
 
 def test_requests_whose_inputs_do_not_stack_go_in_separate_batches():
