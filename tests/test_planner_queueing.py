@@ -38,6 +38,25 @@ def test_erlang_c_known_values():
     assert erlang_c(2, 1.0) == pytest.approx(1 / 3)  # a textbook value: 2 servers at a = 1
     assert erlang_c(3, 3.5) == 1.0  # overloaded: every arrival waits
     assert 0 < erlang_c(400, 360.0) < 1  # many servers: no overflow
+    assert erlang_c(5, 0.0) == 0.0
+
+
+def test_erlang_c_is_the_sum_over_the_servers_and_takes_no_time_in_their_count():
+    """The closed form (Erlang B through the incomplete gamma) against the textbook sum; then a
+    huge rate's billions of instances, where the sum ran for minutes and took gigabytes
+    (`gateway plan --rate 1e12`)."""
+
+    def summed(servers: int, offered: float) -> float:
+        terms = [k * math.log(offered) - math.lgamma(k + 1) for k in range(servers)]
+        top = servers * math.log(offered) - math.lgamma(servers + 1) - math.log(1 - offered / servers)
+        peak = max(*terms, top)
+        return math.exp(top - peak) / (sum(math.exp(t - peak) for t in terms) + math.exp(top - peak))
+
+    for servers, offered in ((1, 0.3), (2, 1.9), (7, 3.0), (40, 39.5), (300, 250.0), (2000, 1990.0)):
+        assert erlang_c(servers, offered) == pytest.approx(summed(servers, offered), rel=1e-9, abs=1e-15)
+    # Halfin-Whitt: n = a + beta sqrt(a) servers wait with a probability set by beta alone.
+    assert erlang_c(10**10 + 10**5, 1e10) == pytest.approx(erlang_c(10**6 + 10**3, 1e6), rel=1e-3)
+    assert erlang_c(10**300, 0.99e300) == 0.0
 
 
 @pytest.mark.parametrize(
