@@ -89,8 +89,9 @@ ACCEPT_ENCODING = {
     "in": "header",
     "required": False,
     "schema": {"type": "string"},
-    "description": "the answer is compressed in the one of gzip and deflate this weighs highest "
-    "(RFC 9110 12.5.3); Inference-Header-Content-Length then counts the header before compression",
+    "description": "an answer of at least [server] compress_min_bytes (64 KiB by default) is compressed in "
+    "the one of gzip and deflate this weighs highest (RFC 9110 12.5.3); Inference-Header-Content-Length "
+    "then counts the header before compression",
 }
 
 
