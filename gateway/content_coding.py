@@ -11,6 +11,7 @@ its codings here, in a worker thread, stopping one byte past the limit. Pure: by
 
 from __future__ import annotations
 
+import re
 import zlib
 
 # The codings undone here; "x-gzip" is gzip (RFC 9110, 8.4.1.3), "identity" is none.
@@ -22,10 +23,14 @@ GZIP_WBITS, ZLIB_WBITS, RAW_DEFLATE_WBITS = 16 + zlib.MAX_WBITS, zlib.MAX_WBITS,
 # The codings a response may be compressed in, the first preferred where the client weighs them
 # alike. "deflate" is a zlib stream, as tritonclient inflates it (zlib.decompress).
 RESPONSE_CODINGS = ("gzip", "deflate")
-# A response body over this many bytes is compressed in a worker thread: zlib's default level
-# takes about a millisecond for 64 KiB of tensor bytes, which the event loop can spare, and tens
-# of milliseconds for a MiB, which would hold every other request.
-COMPRESS_ON_LOOP_BYTES = 64 << 10
+# A response body over this many bytes is compressed in a worker thread, not on the event loop:
+# zlib takes milliseconds for 64 KiB of tensor bytes, and tens of them for a MiB.
+COMPRESS_ON_LOOP_BYTES = 8 << 10
+# zlib's fastest level, nginx's default (gzip_comp_level 1): tensor bytes shrink little at any
+# level, and the time spent compressing is the request's.
+COMPRESS_LEVEL = 1
+# A qvalue (RFC 9110, 12.4.2) in ASCII digits: str.isdigit took "²", which float() refuses.
+QVALUE = re.compile(r"[01](\.[0-9]{0,3})?", re.ASCII)
 
 
 class UnsupportedCoding(ValueError):
@@ -123,9 +128,15 @@ def _qvalue(parameters: str) -> float | None:
         if key.strip().lower() != "q":
             continue
         value = value.strip()
-        whole, _, decimals = value.partition(".")
-        if whole not in ("0", "1") or len(decimals) > 3 or not (decimals.isdigit() or decimals == ""):
+        if QVALUE.fullmatch(value) is None:
             return None
         weight = float(value)
         return weight if weight <= 1 else None
     return 1.0
+
+
+def compress(data: bytes | bytearray, coding: str) -> bytes:
+    """``data`` in ``coding`` (one of ``RESPONSE_CODINGS``): a gzip member, or for deflate a zlib
+    stream (RFC 9110 8.4.1.2), at ``COMPRESS_LEVEL``."""
+    compressor = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, GZIP_WBITS if coding in GZIP_CODINGS else ZLIB_WBITS)
+    return compressor.compress(data) + compressor.flush()

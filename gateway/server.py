@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import hdrs, web, web_urldispatcher
-from aiohttp.web import ContentCoding
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from executors.tensors import KSERVE_TO_TRITON_CONFIG
@@ -30,6 +29,7 @@ from gateway.content_coding import (
     BodyTooLarge,
     UnsupportedCoding,
     codings_of,
+    compress,
     decode,
     response_coding,
 )
@@ -523,27 +523,22 @@ class Handlers:
         # Inference-Header-Content-Length counts the JSON header's bytes before any compression,
         # as Triton's does and tritonclient reads it (it inflates the whole body first).
         headers = {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
-        response = web.Response(
-            body=payload,
-            content_type="application/json" if header_length is None else "application/octet-stream",
-            headers=headers,
-            zlib_executor_size=COMPRESS_ON_LOOP_BYTES,
-            zlib_executor=self.codec,
-        )
-        if len(payload) >= self.compress_min_bytes:
-            coding = response_coding(_all_lines(request, "Accept-Encoding"))
-            if coding is not None:
-                response.enable_compression(ContentCoding(coding))
-        return response, "success", result
+        if len(payload) >= self.compress_min_bytes and (coding := response_coding(_all_lines(request, "Accept-Encoding"))):
+            # Here, not by aiohttp once the handler has returned: the time is the request's, in
+            # its response time and statistics, as the encoding's is.
+            payload = await self.off_loop(len(payload), compress, payload, coding, limit=COMPRESS_ON_LOOP_BYTES)
+            headers["Content-Encoding"] = coding
+        content_type = "application/json" if header_length is None else "application/octet-stream"
+        return web.Response(body=payload, content_type=content_type, headers=headers), "success", result
 
-    async def off_loop(self, size: int, function: Callable[..., T], *args: Any) -> T:
-        """``function(*args)``, in the codec thread when it works on more than ``LARGE_BYTES``.
+    async def off_loop(self, size: int, function: Callable[..., T], *args: Any, limit: int = LARGE_BYTES) -> T:
+        """``function(*args)``, in the codec thread when it works on more than ``limit`` bytes.
 
         A large request's checks run before its tensors are decoded and refuse it cheaply, but a
         60 MB body still takes a second to decode: meanwhile the loop answers the others, health
         probes included (protocol.py does that work in short steps, so the GIL is released often).
         """
-        if size <= LARGE_BYTES:
+        if size <= limit:
             return function(*args)
         return await asyncio.get_running_loop().run_in_executor(self.codec, function, *args)
 

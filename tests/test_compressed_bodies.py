@@ -80,6 +80,8 @@ def test_a_response_is_compressed_in_the_coding_the_client_weighs_highest():
     assert response_coding("gzip;q=1.5, deflate;q=0.1") == "deflate"
     assert response_coding("gzip;q=abc") is None and response_coding("gzip;q=0.1234") is None
     assert response_coding("gzip;q=1.000") == "gzip" and response_coding("gzip;level=9;q=0.2") == "gzip"
+    # Digits of other scripts are no qvalue (str.isdigit takes them; float() does not).
+    assert response_coding("gzip;q=0.\u00b2, deflate;q=0.1") == "deflate" and response_coding("gzip;q=\u0661") is None
 
 
 # -- served ------------------------------------------------------------------------------------
@@ -202,14 +204,15 @@ def compressing_all(tmp_path_factory, example_models):
 
 @pytest.mark.parametrize("rows", [2, 64])
 def test_an_answer_is_compressed_as_asked_and_tritonclient_reads_it(compressing_all, example_models, rows):
-    """With compress_min_bytes = 0, every answer asked for: 64 rows answer past
-    COMPRESS_ON_LOOP_BYTES, compressed in the codec thread; 2 rows on the loop."""
+    """With compress_min_bytes = 0, every answer asked for. Over COMPRESS_ON_LOOP_BYTES (the JSON
+    answers, and 64 rows' binary one) it is compressed in the codec thread; 2 rows' binary answer
+    (4 KiB) on the event loop."""
     gateway = compressing_all
     array, expected, request = _rows(example_models, rows)
     body = json.dumps(request).encode()
     plain_status, plain_headers, plain = _post(gateway, body, {})
     assert plain_status == 200 and "content-encoding" not in plain_headers
-    assert (len(plain) > COMPRESS_ON_LOOP_BYTES) == (rows == 64)
+    assert len(plain) > COMPRESS_ON_LOOP_BYTES
     inflate = {"gzip": gzip.decompress, "deflate": zlib.decompress}  # deflate: a zlib stream
     for accept, coding in (("gzip", "gzip"), ("deflate", "deflate"), ("gzip;q=0.4, deflate;q=0.6", "deflate")):
         status, headers, sent = _post(gateway, body, {"Accept-Encoding": accept})
@@ -238,6 +241,7 @@ def test_an_answer_is_compressed_as_asked_and_tritonclient_reads_it(compressing_
     status, headers, sent = _post(gateway, binary_request, {"Accept-Encoding": "gzip"})
     assert status == 200 and headers["content-encoding"] == "gzip"
     whole = gzip.decompress(sent)
+    assert (len(whole) > COMPRESS_ON_LOOP_BYTES) == (rows == 64)
     header_length = int(headers["inference-header-content-length"])
     assert json.loads(whole[:header_length])["outputs"][0]["parameters"]["binary_data_size"] == rows * 512 * 4
     answered = np.frombuffer(whole[header_length:], dtype=np.float32).reshape(rows, 512)
@@ -253,3 +257,6 @@ def test_an_answer_under_compress_min_bytes_is_sent_as_it_is(gateway, example_mo
         outputs = json.loads(gzip.decompress(sent) if compressed else sent)["outputs"]
         answered = np.asarray(outputs[0]["data"], dtype=np.float32).reshape(rows, 512)
         np.testing.assert_allclose(answered, expected, rtol=1e-5, atol=1e-6)
+    # A weight the gateway cannot read leaves its item out: the answer is served (it was a 500).
+    status, headers, sent = _post(gateway, json.dumps(request).encode(), {"Accept-Encoding": "gzip;q=0.\u00b2"})
+    assert status == 200 and "content-encoding" not in headers, sent[:200]

@@ -121,9 +121,10 @@ class ServerConfig:
     compress_min_bytes: Annotated[int, Field(ge=0)] = DEFAULT_COMPRESS_MIN_BYTES
     """An infer answer at least this long is compressed in the gzip or deflate the client's
     Accept-Encoding asks for (tritonclient's ``response_compression_algorithm``); a shorter one
-    never: python-requests and aiohttp ask for gzip by default, and gzip cost the gateway's
-    process 0.2 ms of CPU a request for the example MLP's 10 KB answer (0.66 against 0.46 ms in
-    all, docs/BENCHMARKS.md), to save well under a millisecond of a fast network's time. 0: all."""
+    never: python-requests and aiohttp ask for gzip by default, and gzip (zlib's default level)
+    cost the gateway's process 0.2 ms of CPU a request for the example MLP's 10 KB answer (0.66
+    against 0.46 ms in all, docs/BENCHMARKS.md), to save well under a millisecond of a fast
+    network's time. 0: all."""
     admin_token: str | None = None
     """Bearer token of the admin API; the environment's GATEWAY_ADMIN_TOKEN wins."""
     data_token: str | None = None
