@@ -44,11 +44,25 @@ def erlang_c(servers: int, offered: float) -> float:
     rho = offered / servers
     if rho >= 1.0:
         return 1.0
-    # In logs: offered^n / n! overflows past a few hundred servers.
     n = float(servers)  # a huge rate's instances are past what gammaln takes as an int
-    poisson_n = math.exp(n * math.log(offered) - offered - gammaln(n + 1))
-    blocking = poisson_n / float(gammaincc(n + 1, offered))
-    return blocking / (1.0 - rho * (1.0 - blocking))
+    blocking = math.exp(_log_poisson_at(n, offered)) / float(gammaincc(n + 1, offered))
+    return min(1.0, blocking / (1.0 - rho * (1.0 - blocking)))
+
+
+# From this many servers on, the Poisson probability is read through Stirling's series: its next
+# term, 1 / (360 n^3), is then under 1e-17.
+STIRLING_FROM = 1e5
+
+
+def _log_poisson_at(n: float, offered: float) -> float:
+    """log P(N = n) for N ~ Poisson(``offered``). In logs, as offered^n / n! overflows past a few
+    hundred servers; and past STIRLING_FROM with x = offered / n - 1 as
+    n (log1p(x) - x) - log(2 pi n) / 2 - 1 / (12 n), since n log(offered) - offered - log(n!)
+    loses the result to cancellation there (a probability of waiting over 1 at 1e16 servers)."""
+    if n < STIRLING_FROM:
+        return n * math.log(offered) - offered - float(gammaln(n + 1))
+    x = (offered - n) / n
+    return n * (math.log1p(x) - x) - 0.5 * math.log(2 * math.pi * n) - 1 / (12 * n)
 
 
 def collection_s(batch: int, rate: float, percentile: float = PERCENTILE) -> float:
