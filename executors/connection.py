@@ -29,7 +29,13 @@ log = logging.getLogger("executors")
 
 
 class ExecutorFailed(RuntimeError):
-    """The executor could not run the batch: it crashed, hung up, or is not running."""
+    """The executor could not run the batch: it crashed, hung up, or is not running.
+    ``reached``: whether the batch may have reached it (False: it was never sent, so its inputs
+    cannot be what failed it)."""
+
+    def __init__(self, message: str, *, reached: bool = True):
+        super().__init__(message)
+        self.reached = reached
 
 
 class ModelError(RuntimeError):
@@ -111,7 +117,7 @@ class ExecutorConnection:
         (``shares_clock``) gets no latest start and runs every batch, as does inf. ``extra``:
         more fields of the header (which executor of a worker, the requests' waits)."""
         if self.closed.done():
-            raise ExecutorFailed(f"executor connection is closed: {self.closed.result()}")
+            raise ExecutorFailed(f"executor connection is closed: {self.closed.result()}", reached=False)
         request_id = next(self._ids)
         descriptions, buffers = pack_tensors(tensors)
         header: dict[str, Any] = {**(extra or {}), "kind": "infer", "id": request_id, "model": model, "tensors": descriptions}
@@ -124,7 +130,7 @@ class ExecutorConnection:
                 self._writer.writelines(encode_frame(header, buffers))
                 await self._writer.drain()
             except (ConnectionError, RuntimeError) as error:
-                raise ExecutorFailed(f"could not send the batch to the executor: {error}") from error
+                raise ExecutorFailed(f"could not send the batch to the executor: {error}", reached=False) from error
             answer, payload = await reply
         finally:
             # However this call ends (sent and answered, the send failed, or its task cancelled

@@ -236,7 +236,7 @@ class SupervisedExecutor(abc.ABC):
         ``waited_ms`` (the requests' waits) matters to a worker's executors only (RemoteExecutor).
         ``load``: {"load_ms": ..., "unload": [...]}, a LOAD of the model (and UNLOADs) first."""
         if self._connection is None or not self.ready:
-            raise ExecutorFailed(f"executor {self.id} is not running ({self.state})")
+            raise ExecutorFailed(f"executor {self.id} is not running ({self.state})", reached=False)
         return await self._connection.infer(model, tensors, latest_start, extra=load)
 
     def set_cores(self, cores: float) -> None:

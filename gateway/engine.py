@@ -1321,11 +1321,12 @@ class Engine:
                     compute_ms += ms
         except ExecutorFailed as error:
             # The requests that ran before it failed are answered with what they got (all were
-            # answered 503); the one it failed on ends 503 (its own input may have killed it);
-            # those after it never reached it and go back to their queue (they ended 503 too).
+            # answered 503); the one it failed on ends 503 where it reached the executor (its own
+            # input may have killed it); those after it go back to their queue (they ended 503 too).
             left = len(batch.requests) - len(parts)
             self._outputs[batch.id] = (parts + [{}] * left, runs + [None] * left)
-            answered, unrun = batch.requests[: len(parts)], batch.requests[len(parts) + 1 :]
+            failed_on = 1 if error.reached else 0
+            answered, unrun = batch.requests[: len(parts)], batch.requests[len(parts) + failed_on :]
             message = f"executor {executor.id} failed: {error}"
             actions = self.core.on_batch_failed(batch, self.now, 503, EXECUTOR_FAILED, message, answered, unrun)
             if not any(isinstance(a, Finish) and a.batch is batch for a in actions):

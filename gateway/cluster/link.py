@@ -132,7 +132,7 @@ class RemoteExecutor:
         counts it into the response time it regulates)."""
         connection = self.link.connection
         if connection is None or not self.link.connected:
-            raise ExecutorFailed(f"worker {self.link.address} is unreachable")
+            raise ExecutorFailed(f"worker {self.link.address} is unreachable", reached=False)
         sent = time.perf_counter()
         extra = {"executor": self.local_id, "waited_ms": [round(w, 3) for w in waited_ms], **(load or {})}
         outputs, _ = await connection.infer(model, tensors, latest_start, extra=extra)
