@@ -338,18 +338,26 @@ async def test_an_executor_stopped_while_its_container_is_made_leaves_none(
     """stop() cancels the coroutine that waits for the container to be made, not the pool's
     thread that makes it: the container the daemon made afterwards was left behind (an unload or
     a SIGTERM during a restart), and start() never returned."""
-    create = docker_backend.client.containers.create
+    from docker.models.containers import ContainerCollection
 
-    def slow_create(*args, **kwargs):
+    create = ContainerCollection.create
+    making = threading.Event()
+
+    def slow_create(self, *args, **kwargs):
+        making.set()
         time.sleep(1.0)  # the daemon is still making it when stop() comes
-        return create(*args, **kwargs)
+        return create(self, *args, **kwargs)
 
-    monkeypatch.setattr(docker_backend.client.containers, "create", slow_create)
+    # On the class: the client's ``containers`` is a new collection at each read, so a create set
+    # on one was never called, and stop() came after a fixed 0.3 s, before or after the container
+    # was ready (in a full run of the suite, after: the start went on to ready).
+    monkeypatch.setattr(ContainerCollection, "create", slow_create)
     executor = DockerExecutor(
         "cut-short", {"mlp": example_models / "mlp.onnx"}, **KIND, socket_dir=tmp_path, docker_backend=docker_backend
     )
     starting = asyncio.ensure_future(executor.start())
-    await asyncio.sleep(0.3)
+    while not making.is_set():
+        await asyncio.sleep(0.01)
     await executor.stop()
     with pytest.raises(ExecutorStartError, match="stopped"):
         await asyncio.wait_for(starting, 10)
