@@ -554,7 +554,7 @@ class DispatchCore:
         if state.on_gpus:
             # A batch queued behind another was on its way only from when that one was to end.
             self.gpu_scheduler.on_late(batch.started if batch.begins is None else batch.begins, now)
-        self._put_back(batch, now)
+        self._requeue(batch.model, batch.requests, now)
         reason = "its batch reached the GPU executor after its latest start time and was not run"
         return self._pump(now, refusal_reason=(state.name, reason))
 
@@ -604,13 +604,13 @@ class DispatchCore:
             if failed_requests := tuple(r for r in live if r not in answered):
                 actions.append(Fail(failed_requests, status, outcome, message))
             if unrun:
-                self._requeue(batch.model, [r for r in batch.requests if r in unrun], now)
+                self._requeue(batch.model, unrun, now)
             if unbegun is not None:
                 self._withdrawn.add(unbegun.id)  # its own report is still to come
         reason = None
         if unbegun is not None:
             self._release(unbegun, now)
-            self._put_back(unbegun, now)
+            self._requeue(unbegun.model, unbegun.requests, now)
             reason = (unbegun.model, "its GPU executor failed before it began the batch")
         failed = self._idle_gpus.pop(executor.id, None)
         actions += self._pump(now, refusal_reason=reason)
@@ -1210,10 +1210,6 @@ class DispatchCore:
             return False
         self._withdrawn.discard(batch.id)
         return True
-
-    def _put_back(self, batch: Batch, now: float) -> None:
-        """The live requests of a batch that did not run go back to their places in its queue."""
-        self._requeue(batch.model, batch.requests, now)
 
     def _requeue(self, model: str, requests: Iterable[Request], now: float) -> None:
         """The live ones of ``requests``, taken from ``model``'s queue and not run, go back to
